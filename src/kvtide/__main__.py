@@ -1,0 +1,7 @@
+"""`python -m kvtide` is the `kvtide` command."""
+
+import sys
+
+from kvtide.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""The `kvtide` command: one module per subcommand, each exposing `register(subparsers)`.
+
+Every subcommand turns a KvtideError into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+from kvtide import __version__
+from kvtide.errors import KvtideError
+
+# Subcommand modules, imported lazily so that `kvtide cost` does not pay for the simulator.
+# A module that does not exist yet is simply not offered.
+_SUBCOMMANDS: dict[str, str] = {
+    "replay": "kvtide.cli.replay",
+    "simulate": "kvtide.cli.simulate",
+    "study": "kvtide.cli.study",
+    "sweep": "kvtide.cli.sweep",
+    "cost": "kvtide.cli.cost",
+    "calibrate": "kvtide.cli.calibrate",
+}
+
+
+def _available() -> dict[str, str]:
+    found = {}
+    for name, module in _SUBCOMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            found[name] = module
+    return found
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"kvtide: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvtide", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"kvtide {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module in _available().values():
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KvtideError as exc:
+        print(f"kvtide: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvtide: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The one exception tree of kvtide, split by what the caller can do about it.
+
+    KvtideError
+    ├── ConfigError          bad flag, option, preset or file content given by the user
+    ├── TraceFormatError     a trace line that cannot be read (carries path and line number)
+    ├── CapacityError        a request that can never fit (larger than the whole cache)
+    ├── UpstreamError        an engine behind the gateway failed
+    │   ├── UpstreamTimeout
+    │   └── UpstreamUnavailable
+    ├── NoHealthyReplica     routing found no replica to send to
+    └── StateStoreError      the shared index store (Redis) failed
+"""
+
+from __future__ import annotations
+
+
+class KvtideError(Exception):
+    """Root of every error kvtide raises on purpose."""
+
+
+class ConfigError(KvtideError):
+    pass
+
+
+class TraceFormatError(KvtideError):
+    def __init__(self, path: str, line: int, problem: str) -> None:
+        super().__init__(f"{path}:{line}: {problem}")
+        self.path = path
+        self.line = line
+        self.problem = problem
+
+
+class CapacityError(KvtideError):
+    pass
+
+
+class UpstreamError(KvtideError):
+    pass
+
+
+class UpstreamTimeout(UpstreamError):
+    pass
+
+
+class UpstreamUnavailable(UpstreamError):
+    pass
+
+
+class NoHealthyReplica(KvtideError):
+    pass
+
+
+class StateStoreError(KvtideError):
+    pass

@@ -1,0 +1,50 @@
+"""Identifiers and plain values shared by every layer; no logic lives here."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NewType
+
+BlockHash = NewType("BlockHash", int)
+"""A chained block hash: covers one full block of tokens and its whole prefix, in a namespace."""
+
+ReplicaId = NewType("ReplicaId", str)
+TenantId = NewType("TenantId", str)
+
+
+class Tier(enum.IntEnum):
+    """Where a block's KV lives, fastest first."""
+
+    DEVICE = 0
+    HOST = 1
+    DISK = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request as a workload describes it, before any hashing.
+
+    Prompt identity comes either as ``token_ids`` or as ``block_ids`` (one id per block of
+    ``block_tokens`` tokens, the last block possibly partial). ``chained_ids`` says whether an
+    id already identifies its whole prefix (Mooncake) or only its own content (Bailian).
+    The namespace salt is never part of a request: the cache side applies it.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    block_tokens: int
+    block_ids: tuple[int, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    chained_ids: bool = True
+    tenant: TenantId = TenantId("default")
+    session_id: str | None = None
+    priority: int = 0
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def num_full_blocks(self) -> int:
+        return self.prompt_tokens // self.block_tokens
