@@ -41,14 +41,12 @@ class ReferenceLRU:
 def chained(path: list[int]) -> list[BlockHash]:
     out, acc = [], 0
     for x in path:
-        acc = hash((acc, x))
+        acc = hash((acc, x)) & 0xFFFFFFFFFFFFFFFF
         out.append(BlockHash(acc))
     return out
 
 
-requests = st.lists(
-    st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=1, max_size=60
-)
+requests = st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_size=1, max_size=60)
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,6 +15,7 @@ from kvtide.clock import Clock, ManualClock
 from kvtide.core.block_pool import BlockPool
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.eviction import PolicyContext, make_policy
+from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
 from kvtide.core.radix_tree import RadixTree
 from kvtide.errors import ConfigError
@@ -150,23 +151,31 @@ class _Recorder:
         self.namespace = config.namespace
         self.tier = config.tier
 
-    def stored(self, node: Node, hashes: list[BlockHash]) -> None:
+    def stored(self, node: Node, hashes: BlockHashes) -> None:
         if self.events is not None:
             parent = node.parent
-            parent_hash = parent.key[-1] if parent is not None and parent.key else None
+            parent_hash = None
+            if parent is not None and parent.key:
+                parent_hash = BlockHashes(parent.key[-8:])[0]
             self.events.append(
                 BlockStored(
-                    tuple(hashes), parent_hash, None, self.block_tokens, self.tier, self.namespace
+                    tuple(hashes.tolist()),
+                    parent_hash,
+                    None,
+                    self.block_tokens,
+                    self.tier,
+                    self.namespace,
                 )
             )
 
-    def removed(self, node: Node, hashes: list[BlockHash]) -> None:
+    def removed(self, node: Node, hashes: BlockHashes) -> None:
         if self.events is not None:
-            self.events.append(BlockRemoved(tuple(hashes), self.tier))
+            self.events.append(BlockRemoved(tuple(hashes.tolist()), self.tier))
         if self.ghost_limit:
             ghost = self.ghost
-            for h in hashes:
+            for h in hashes.tolist():
                 ghost[h] = None
+                ghost.move_to_end(h)
             while len(ghost) > self.ghost_limit:
                 ghost.popitem(last=False)
 
@@ -280,6 +289,7 @@ class KVCache:
         hashed without the tenant salt: they let a miss be blamed on another namespace.
         """
         self.expire_pins()
+        hashes = as_block_hashes(hashes)
         node, hit = self.tree.match(hashes)
         self._account(hashes, hit, prompt_tokens, tenant, shadow_hashes)
         new = 0
@@ -317,10 +327,12 @@ class KVCache:
             self._miss_cold += (n - hit) * bt
             return
         owners = self._shadow_owner
-        for i in range(hit, n):
-            if hashes[i] in ghost:
+        missed = as_block_hashes(hashes)[hit:].tolist()
+        shadow = list(shadow_hashes[hit:]) if shadow_hashes is not None else None
+        for i, h in enumerate(missed):
+            if h in ghost:
                 self._miss_evicted += bt
-            elif shadow_hashes is not None and owners.get(shadow_hashes[i], tenant) != tenant:
+            elif shadow is not None and owners.get(shadow[i], tenant) != tenant:
                 self._miss_other += bt
             else:
                 self._miss_cold += bt
@@ -329,6 +341,7 @@ class KVCache:
         owners = self._shadow_owner
         for h in shadow:
             owners[h] = tenant
+            owners.move_to_end(h)
         limit = max(self._recorder.ghost_limit, self.config.capacity_blocks)
         while len(owners) > limit:
             owners.popitem(last=False)
@@ -346,7 +359,7 @@ class KVCache:
         new_by_tenant: dict[str, int] = {}
         for node in path:
             if node.pin_ref == 0:
-                new_by_tenant[node.tenant] = new_by_tenant.get(node.tenant, 0) + len(node.key)
+                new_by_tenant[node.tenant] = new_by_tenant.get(node.tenant, 0) + node.num_blocks
         budget = self.config.effective_pin_budget_blocks
         if self.pinned_blocks + sum(new_by_tenant.values()) > budget:
             return False
@@ -382,7 +395,7 @@ class KVCache:
             for node in self._path(pin.handle):
                 node.pin_ref -= 1
                 if node.pin_ref == 0:
-                    self._pinned_by_tenant[node.tenant] -= len(node.key)
+                    self._pinned_by_tenant[node.tenant] -= node.num_blocks
             self.tree.unlock(pin.handle)
             released += 1
         return released

@@ -15,8 +15,9 @@ server-side tenant salt cannot aim for a collision.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,84 @@ _M = 0x9E3779B97F4A7C15
 _M_INV = pow(_M, -1, 1 << 64)
 
 U64Array = npt.NDArray[np.uint64]
+
+
+class BlockHashes(Sequence[BlockHash]):
+    """An immutable run of block hashes packed as little-endian uint64 bytes.
+
+    The radix tree slices and compares these as bytes (memcpy/memcmp), which is what makes a
+    750-block prompt cost a handful of C calls instead of 750 Python steps. Indexing gives an
+    int; slicing (step 1) gives BlockHashes; ``tolist()`` converts in one numpy call.
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes = b"") -> None:
+        if len(raw) % 8:
+            raise ValueError("BlockHashes needs a multiple of 8 bytes")
+        self.raw = raw
+
+    @classmethod
+    def from_ints(cls, hashes: Iterable[int]) -> BlockHashes:
+        if isinstance(hashes, BlockHashes):
+            return hashes
+        return cls(np.fromiter(hashes, dtype="<u8").tobytes())
+
+    @classmethod
+    def from_array(cls, arr: npt.NDArray[np.uint64]) -> BlockHashes:
+        return cls(arr.astype("<u8", copy=False).tobytes())
+
+    def __len__(self) -> int:
+        return len(self.raw) >> 3
+
+    @overload
+    def __getitem__(self, i: int) -> BlockHash: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> BlockHashes: ...
+
+    def __getitem__(self, i: int | slice) -> BlockHash | BlockHashes:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError("BlockHashes slices must be contiguous")
+            return BlockHashes(self.raw[start << 3 : max(stop, start) << 3])
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("block index out of range")
+        return BlockHash(int.from_bytes(self.raw[i << 3 : (i << 3) + 8], "little"))
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        return iter(self.tolist())
+
+    def tolist(self) -> list[BlockHash]:
+        out: list[BlockHash] = np.frombuffer(self.raw, dtype="<u8").tolist()
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockHashes):
+            return self.raw == other.raw
+        if isinstance(other, Sequence):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __add__(self, other: BlockHashes) -> BlockHashes:
+        return BlockHashes(self.raw + other.raw)
+
+    def __repr__(self) -> str:
+        return f"BlockHashes({self.tolist()!r})"
+
+
+def as_block_hashes(hashes: Sequence[int]) -> BlockHashes:
+    """Any sequence of hashes as BlockHashes (free when it already is one)."""
+    if isinstance(hashes, BlockHashes):
+        return hashes
+    return BlockHashes.from_ints(hashes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +220,10 @@ def _powers(base: int, n: int) -> U64Array:
     return out
 
 
-def _chain(content: U64Array, keys: _Keys, parent: BlockHash | None) -> list[BlockHash]:
+def _chain(content: U64Array, keys: _Keys, parent: BlockHash | None) -> BlockHashes:
     n = len(content)
     if n == 0:
-        return []
+        return BlockHashes()
     m_pows, m_inv_pows = keys.powers(n)
     start = keys.seed_state if parent is None else fmix64_inverse(parent)
     # S_i = M^(i+1) * start + M^i * sum_{j<=i} c_j * M^-j  (mod 2**64: uint64 arrays wrap
@@ -152,8 +231,7 @@ def _chain(content: U64Array, keys: _Keys, parent: BlockHash | None) -> list[Blo
     scaled = np.cumsum(content * m_inv_pows[:n], dtype=np.uint64)
     np.multiply(scaled, m_pows[:n], out=scaled)
     scaled += m_pows[1 : n + 1] * _U64(start)
-    out: list[BlockHash] = fmix64(scaled).tolist()
-    return out
+    return BlockHashes(fmix64(scaled).astype("<u8", copy=False).tobytes())
 
 
 def hash_tokens(
@@ -161,12 +239,12 @@ def hash_tokens(
     block_tokens: int,
     seed: int,
     parent: BlockHash | None = None,
-) -> list[BlockHash]:
+) -> BlockHashes:
     """Chained hashes of the full blocks of ``tokens``; a partial tail block is not hashed."""
     arr = np.asarray(tokens)
     n_blocks = len(arr) // block_tokens
     if n_blocks == 0:
-        return []
+        return BlockHashes()
     keys = _keys(seed)
     flat = arr[: n_blocks * block_tokens]
     # Same-width signed ints reinterpret for free; token ids are never negative.
@@ -177,10 +255,10 @@ def hash_tokens(
 
 def hash_block_ids(
     ids: Sequence[int] | npt.NDArray[np.integer], seed: int, parent: BlockHash | None = None
-) -> list[BlockHash]:
+) -> BlockHashes:
     """Chained hashes of per-block ids from a trace (content ids or already-chained ids alike)."""
     if len(ids) == 0:
-        return []
+        return BlockHashes()
     keys = _keys(seed)
     arr = np.asarray(ids).astype(np.uint64, copy=False)
     content = fmix64(arr * keys.keys_for(1)[0] + _U64(0x632BE59BD9B4E019))
@@ -200,12 +278,12 @@ def expand_block_ids(
     return (grid.reshape(-1)[:num_tokens] >> _U64(33)).astype(np.int64)
 
 
-def request_block_hashes(req: Request, block_tokens: int, seed: int) -> list[BlockHash]:
+def request_block_hashes(req: Request, block_tokens: int, seed: int) -> BlockHashes:
     """The chained hashes of a request's full blocks at ``block_tokens`` tokens per block."""
     if req.token_ids is not None:
         return hash_tokens(req.token_ids[: req.prompt_tokens], block_tokens, seed)
     if req.block_ids is None:
-        return []
+        return BlockHashes()
     if block_tokens == req.block_tokens:
         return hash_block_ids(req.block_ids[: req.prompt_tokens // block_tokens], seed)
     tokens = expand_block_ids(req.block_ids, req.block_tokens, req.prompt_tokens)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from kvtide.types import BlockHash
+from array import array
 
 
 class Node:
-    """A compressed edge of the prefix tree: ``key[i]`` is the hash of block ``depth + i``.
+    """A compressed edge of the prefix tree holding blocks ``depth .. depth + num_blocks - 1``.
+
+    ``key`` packs those blocks' hashes as little-endian uint64 bytes and ``blocks`` their pool
+    ids, so a split, a trim or a comparison is one C-level slice or memcmp.
 
     Every block of a node shares one access history (the tree splits a node when a request
     touches only part of it), so a policy can rank nodes and evict a node's blocks from its tail.
@@ -35,8 +38,8 @@ class Node:
     def __init__(
         self,
         parent: Node | None,
-        key: list[BlockHash],
-        blocks: list[int],
+        key: bytes,
+        blocks: array[int],
         depth: int,
         tenant: str = "",
     ) -> None:
@@ -44,7 +47,7 @@ class Node:
         self.key = key
         self.blocks = blocks
         self.depth = depth
-        self.children: dict[BlockHash, Node] = {}
+        self.children: dict[bytes, Node] = {}  # keyed by the child's first hash (8 bytes)
         self.lock_ref = 0
         self.pin_ref = 0
         self.last_access = 0
@@ -57,9 +60,13 @@ class Node:
         self.policy_data: object = None
 
     @property
+    def num_blocks(self) -> int:
+        return len(self.key) >> 3
+
+    @property
     def end_depth(self) -> int:
         """Number of blocks from the root through the end of this node."""
-        return self.depth + len(self.key)
+        return self.depth + (len(self.key) >> 3)
 
     @property
     def is_leaf(self) -> bool:
@@ -70,4 +77,4 @@ class Node:
         return not self.children and self.lock_ref == 0 and self.parent is not None
 
     def __repr__(self) -> str:
-        return f"Node(depth={self.depth}, blocks={len(self.key)}, lock={self.lock_ref})"
+        return f"Node(depth={self.depth}, blocks={self.num_blocks}, lock={self.lock_ref})"

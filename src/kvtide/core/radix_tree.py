@@ -1,7 +1,7 @@
 """A compressed radix tree over chained block hashes: match / insert / lock / unlock / evict.
 
-Each node holds a run of blocks (``Node.key``), so matching costs O(nodes on the path) list
-comparisons done in C, not O(blocks) Python steps. The tree knows no policy: it reports every
+Each node holds a run of blocks (``Node.key``, packed hash bytes), so matching costs O(nodes on
+the path) memcmp calls, not O(blocks) Python steps. The tree knows no policy: it reports every
 change to the ``EvictionPolicy`` of the node's partition and trims the tail of whichever leaf
 the policy names, block by block, so eviction is exact (no whole-node over-eviction).
 
@@ -12,38 +12,39 @@ cannot flush another tenant's hot prefixes. Without quotas one policy ranks ever
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from kvtide.clock import Clock
 from kvtide.core.block_pool import BlockPool
 from kvtide.core.eviction import EvictionPolicy
+from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
-from kvtide.types import BlockHash
 
 
 class TreeListener(Protocol):
-    def stored(self, node: Node, hashes: list[BlockHash]) -> None: ...
+    def stored(self, node: Node, hashes: BlockHashes) -> None: ...
 
-    def removed(self, node: Node, hashes: list[BlockHash]) -> None: ...
+    def removed(self, node: Node, hashes: BlockHashes) -> None: ...
 
 
 class NullListener:
     __slots__ = ()
 
-    def stored(self, node: Node, hashes: list[BlockHash]) -> None:
+    def stored(self, node: Node, hashes: BlockHashes) -> None:
         pass
 
-    def removed(self, node: Node, hashes: list[BlockHash]) -> None:
+    def removed(self, node: Node, hashes: BlockHashes) -> None:
         pass
 
 
-def _common_prefix(key: list[BlockHash], hashes: Sequence[BlockHash], pos: int) -> int:
-    """Length of the common prefix of ``key`` and ``hashes[pos:]``; ``key[0]`` already matched."""
-    lo, hi = 1, min(len(key), len(hashes) - pos)
-    while lo < hi:  # galloping would also do; slices compare in C either way
-        mid = (lo + hi + 1) // 2
-        if key[:mid] == hashes[pos : pos + mid]:
+def _common_blocks(key: bytes, raw: bytes, p: int) -> int:
+    """Blocks shared by ``key`` and ``raw[p:]`` (byte offsets); their first block matched."""
+    lo, hi = 1, min(len(key), len(raw) - p) >> 3
+    while lo < hi:  # binary search over memcmp: O(log n) C calls
+        mid = (lo + hi + 1) >> 1
+        if key[: mid << 3] == raw[p : p + (mid << 3)]:
             lo = mid
         else:
             hi = mid - 1
@@ -62,7 +63,7 @@ class RadixTree:
     ) -> None:
         self.pool = pool
         self.clock = clock
-        self.root = Node(None, [], [], 0)
+        self.root = Node(None, b"", array("i"), 0)
         self.root.lock_ref = 1  # the root is never evicted
         self.listener: TreeListener = listener or NullListener()
         self.tick = 0
@@ -111,33 +112,35 @@ class RadixTree:
 
     # --- matching ------------------------------------------------------------------------
 
-    def match(self, hashes: Sequence[BlockHash], *, touch: bool = True) -> tuple[Node, int]:
+    def match(self, hashes: Sequence[int], *, touch: bool = True) -> tuple[Node, int]:
         """The deepest node fully matched by a prefix of ``hashes`` and the matched block count.
 
         With ``touch`` the path counts as used (and a partly matched node is split so that
         each node keeps one access history); without it the tree is left exactly as it was.
         """
+        raw = as_block_hashes(hashes).raw
         node = self.root
-        pos = 0
-        n = len(hashes)
+        p = 0
+        n = len(raw)
         path: list[Node] = []
-        while pos < n:
-            child = node.children.get(hashes[pos])
+        while p < n:
+            child = node.children.get(raw[p : p + 8])
             if child is None:
                 break
             key = child.key
-            k = len(key)
-            if hashes[pos : pos + k] != key:
-                k = _common_prefix(key, hashes, pos)
+            kl = len(key)
+            if raw[p : p + kl] != key:
                 if not touch:
-                    return node, pos  # a partial node is not a usable handle without a split
-                child = self._split(child, k)
-            pos += k
+                    return node, p >> 3  # a partial node is no usable handle without a split
+                kb = _common_blocks(key, raw, p)
+                child = self._split(child, kb)
+                kl = kb << 3
+            p += kl
             node = child
             path.append(node)
         if touch:
             self._touch(path)
-        return node, pos
+        return node, p >> 3
 
     def _touch(self, path: list[Node]) -> None:
         self.tick += 1
@@ -153,7 +156,7 @@ class RadixTree:
         """Splits ``node`` after its first ``k`` blocks and returns the new head node."""
         parent = node.parent
         assert parent is not None
-        head = Node(parent, node.key[:k], node.blocks[:k], node.depth, node.tenant)
+        head = Node(parent, node.key[: k << 3], node.blocks[:k], node.depth, node.tenant)
         head.lock_ref = node.lock_ref
         head.pin_ref = node.pin_ref
         head.last_access = node.last_access
@@ -161,42 +164,40 @@ class RadixTree:
         head.created_s = node.created_s
         head.hits = node.hits
         head.priority = node.priority
-        parent.children[head.key[0]] = head
-        del node.key[:k]
+        parent.children[head.key[:8]] = head
+        node.key = node.key[k << 3 :]
         del node.blocks[:k]
         node.depth += k
         node.parent = head
-        head.children[node.key[0]] = node
+        head.children[node.key[:8]] = node
         self.policy_for(node).on_split(head, node)
         self.version += 1
         return head
 
     def block_ids(self, node: Node) -> list[int]:
         """Pool block ids from the root through ``node``, in prefix order."""
-        runs: list[list[int]] = []
+        runs: list[array[int]] = []
         while node.parent is not None:
             runs.append(node.blocks)
             node = node.parent
-        out: list[int] = []
+        out = array("i")
         for run in reversed(runs):
             out.extend(run)
-        return out
+        return out.tolist()
 
-    def hashes(self, node: Node) -> list[BlockHash]:
-        runs: list[list[BlockHash]] = []
+    def hashes(self, node: Node) -> BlockHashes:
+        """The block hashes from the root through ``node``."""
+        runs: list[bytes] = []
         while node.parent is not None:
             runs.append(node.key)
             node = node.parent
-        out: list[BlockHash] = []
-        for run in reversed(runs):
-            out.extend(run)
-        return out
+        return BlockHashes(b"".join(reversed(runs)))
 
     # --- insertion -----------------------------------------------------------------------
 
     def insert(
         self,
-        hashes: Sequence[BlockHash],
+        hashes: Sequence[int],
         *,
         start: tuple[Node, int] | None = None,
         tenant: str = "",
@@ -206,8 +207,9 @@ class RadixTree:
         number of new blocks. Evicts as needed; when locked blocks leave too little room, only
         the prefix that fits is inserted. ``start`` is a fresh ``match`` result to skip the walk.
         """
-        node, pos = start if start is not None else self.match(hashes)
-        n = len(hashes)
+        seq = as_block_hashes(hashes)
+        node, pos = start if start is not None else self.match(seq)
+        n = len(seq)
         if pos >= n:
             return node, 0
         self.lock(node)  # the path we extend must survive the evictions below
@@ -220,19 +222,19 @@ class RadixTree:
         if not blocks:
             self.unlock(node)
             return node, 0
-        key = list(hashes[pos : pos + len(blocks)])
+        key = seq.raw[pos << 3 : (pos + len(blocks)) << 3]
         leaf = Node(node, key, blocks, pos, tenant)
         leaf.last_access = self.tick
         leaf.last_access_s = leaf.created_s = self.clock.now()
         leaf.priority = priority
         if node.parent is not None and not node.children:
             self.policy_for(node).on_unevictable(node)
-        node.children[key[0]] = leaf
+        node.children[key[:8]] = leaf
         self.num_cached_blocks += len(blocks)
         self.usage_blocks[tenant] = self.usage_blocks.get(tenant, 0) + len(blocks)
         self.version += 1
         self.policy_for(leaf).on_insert(leaf)
-        self.listener.stored(leaf, key)
+        self.listener.stored(leaf, BlockHashes(key))
         self.unlock(node)
         return leaf, len(blocks)
 
@@ -264,14 +266,16 @@ class RadixTree:
             node = self._victim()
             if node is None:
                 break
-            freed += self._trim(node, min(num_blocks - freed, len(node.key)))
+            freed += self._trim(node, min(num_blocks - freed, node.num_blocks))
         return freed
 
     def _trim(self, node: Node, k: int) -> int:
-        hashes = node.key[-k:]
+        key = node.key
+        cut = len(key) - (k << 3)
+        hashes = BlockHashes(key[cut:])
         blocks = node.blocks[-k:]
-        first = node.key[0]
-        del node.key[-k:]
+        first = key[:8]
+        node.key = key[:cut]
         del node.blocks[-k:]
         self.pool.free(blocks)
         self.num_cached_blocks -= k
