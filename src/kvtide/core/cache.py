@@ -17,7 +17,7 @@ from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEv
 from kvtide.core.eviction import PolicyContext, make_policy
 from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
-from kvtide.core.radix_tree import RadixTree
+from kvtide.core.radix_tree import RadixTree, TreeListener
 from kvtide.errors import ConfigError
 from kvtide.types import BlockHash, Tier
 
@@ -141,7 +141,7 @@ class CacheStats:
 class _Recorder:
     """Tree listener: events for subscribers, ghost hashes for miss classification."""
 
-    __slots__ = ("block_tokens", "events", "ghost", "ghost_limit", "namespace", "tier")
+    __slots__ = ("block_tokens", "events", "ghost", "ghost_limit", "namespace", "observers", "tier")
 
     def __init__(self, config: CacheConfig) -> None:
         self.events: list[KVEvent] | None = [] if config.record_events else None
@@ -150,8 +150,11 @@ class _Recorder:
         self.block_tokens = config.block_tokens
         self.namespace = config.namespace
         self.tier = config.tier
+        self.observers: list[TreeListener] = []
 
     def stored(self, node: Node, hashes: BlockHashes) -> None:
+        for observer in self.observers:
+            observer.stored(node, hashes)
         if self.events is not None:
             parent = node.parent
             parent_hash = None
@@ -169,6 +172,8 @@ class _Recorder:
             )
 
     def removed(self, node: Node, hashes: BlockHashes) -> None:
+        for observer in self.observers:
+            observer.removed(node, hashes)
         if self.events is not None:
             self.events.append(BlockRemoved(tuple(hashes.tolist()), self.tier))
         if self.ghost_limit:
@@ -261,6 +266,11 @@ class KVCache:
         self.tree.clear()
         if self._recorder.events is not None:
             self._recorder.events.append(AllBlocksCleared())
+
+    def add_observer(self, observer: TreeListener) -> None:
+        """Calls ``observer.stored`` / ``observer.removed`` on every store and removal
+        (synchronously, inside the cache operation: keep them cheap)."""
+        self._recorder.observers.append(observer)
 
     def take_events(self) -> list[KVEvent]:
         """Drains the events recorded since the last call (``record_events`` must be on)."""

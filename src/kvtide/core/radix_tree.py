@@ -24,6 +24,9 @@ from kvtide.core.node import Node
 
 
 class TreeListener(Protocol):
+    """Told of every store and removal. ``removed`` runs before an emptied node is detached,
+    so ``tree.hashes(node) + hashes`` is the full prefix path of the removed blocks."""
+
     def stored(self, node: Node, hashes: BlockHashes) -> None: ...
 
     def removed(self, node: Node, hashes: BlockHashes) -> None: ...
@@ -285,11 +288,12 @@ class RadixTree:
         policy = self.policy_for(node)
         parent = node.parent
         assert parent is not None
+        # Listeners see the node still attached: tree.hashes(node) + hashes is the full path.
+        self.listener.removed(node, hashes)
         if not node.key:
             del parent.children[first]
             node.parent = None
         policy.on_evict(node, k, hashes)
-        self.listener.removed(node, hashes)
         if node.parent is None and parent.parent is not None and parent.is_evictable:
             self.policy_for(parent).on_evictable(parent)
         return k
