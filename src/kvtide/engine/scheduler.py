@@ -1,0 +1,481 @@
+"""One engine replica: continuous batching with chunked prefill over a core KVCache.
+
+Each iteration takes the running sequences first (a decode token each, or the next chunk of a
+prefill) and then admits waiting requests in arrival order while the token budget lasts, as
+vLLM v1's scheduler does. KV lives in the real ``KVCache``: a request's full prompt blocks are
+matched (prefix hits) and inserted into the radix tree at admission and stay locked until it
+finishes; the partial last prompt block and the generated tokens take private blocks from the
+same pool. When the pool runs dry the newest running request is preempted and later recomputed.
+
+Driven by a Clock: ``schedule()`` plans an iteration (or a run of decode-only iterations that
+nothing can change), the caller lets its time pass, and ``complete()`` applies it. The
+simulator does that on a ManualClock; an emulated engine server can do it on a WallClock.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvtide.clock import Clock
+from kvtide.core.cache import KVCache, Match
+from kvtide.core.events import KVEvent
+from kvtide.core.hashing import BlockHashes
+from kvtide.core.node import Node
+from kvtide.engine.timing import DecodeRun, IterationTimer
+from kvtide.errors import CapacityError, ConfigError
+from kvtide.types import Request
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Batching limits of one engine.
+
+    ``max_batched_tokens`` is the per-iteration token budget (vLLM's ``max_num_batched_tokens``);
+    ``max_decode_steps`` bounds how many decode-only iterations one ``schedule()`` may fuse when
+    nothing but time can change the batch. ``prefill_only`` makes a disaggregated prefill
+    instance: a request ends with its first token.
+    """
+
+    max_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_decode_steps: int = 256
+    prefill_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batched_tokens < 1:
+            raise ConfigError("max_batched_tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs must be >= 1")
+        if self.max_decode_steps < 1:
+            raise ConfigError("max_decode_steps must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What happened to one finished request, in seconds on the engine's clock."""
+
+    request_id: str
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_tokens: int
+    output_tokens: int
+    hit_tokens: int
+    """Prompt tokens found cached at the first admission."""
+    prefill_tokens: int
+    """Tokens this request prefilled, recomputation after preemption included."""
+    num_preemptions: int
+
+
+class Sequence:
+    """A request inside the engine: its progress and the KV it holds."""
+
+    __slots__ = (
+        "arrival_s",
+        "first_token_s",
+        "handle",
+        "hashes",
+        "hit_tokens",
+        "is_prefilled",
+        "num_computed",
+        "num_generated",
+        "num_preemptions",
+        "num_target",
+        "prefill_tokens",
+        "private",
+        "request",
+        "tree_blocks",
+    )
+
+    def __init__(
+        self, request: Request, hashes: BlockHashes, arrival_s: float, is_prefilled: bool
+    ) -> None:
+        self.request = request
+        self.hashes = hashes
+        self.arrival_s = arrival_s
+        self.is_prefilled = is_prefilled
+        self.first_token_s: float | None = None
+        self.handle: Node | None = None
+        self.tree_blocks = 0
+        self.private = array("i")
+        self.num_computed = 0  # tokens whose KV is in memory (hits included)
+        self.num_target = 0  # tokens to hold before the next token can be produced
+        self.num_generated = 0
+        self.hit_tokens = -1  # -1 until first admitted
+        self.prefill_tokens = 0
+        self.num_preemptions = 0
+
+    @property
+    def output_tokens(self) -> int:
+        return max(1, self.request.output_tokens)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < self.num_target
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of KV a decode step of this sequence attends to."""
+        return self.request.prompt_tokens + self.num_generated
+
+
+@dataclass(slots=True)
+class Batch:
+    """One planned iteration, or a run of ``run.num_steps`` decode-only iterations."""
+
+    start_s: float
+    prefill: list[tuple[Sequence, int]]
+    decode: list[Sequence]
+    run: DecodeRun
+
+    @property
+    def num_steps(self) -> int:
+        return self.run.num_steps
+
+    def end_s(self, steps: int | None = None) -> float:
+        return self.start_s + self.run.elapsed_s(self.run.num_steps if steps is None else steps)
+
+    def steps_by(self, now_s: float) -> int:
+        """Steps done once the step in flight at ``now_s`` has finished."""
+        return self.run.steps_by(now_s - self.start_s)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    busy_s: float = 0.0
+    num_iterations: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    num_preemptions: int = 0
+    num_finished: int = 0
+    hit_tokens: int = 0
+    prompt_tokens: int = 0
+    per_request: list[RequestRecord] = field(default_factory=list)
+
+
+class Scheduler:
+    """Continuous batching for one replica over ``cache`` (its pool is the engine's KV)."""
+
+    def __init__(
+        self, config: EngineConfig, cache: KVCache, timer: IterationTimer, clock: Clock
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.timer = timer
+        self.clock = clock
+        self.block_tokens = cache.config.block_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = EngineStats()
+
+    # --- intake ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        request: Request,
+        hashes: BlockHashes,
+        *,
+        arrival_s: float | None = None,
+        first_token_s: float | None = None,
+    ) -> None:
+        """Queues ``request`` whose full prompt blocks hash to ``hashes``. With
+        ``first_token_s`` the request was prefilled elsewhere (a decode instance after
+        disaggregated prefill): its prompt KV arrives computed and its first token is out."""
+        need = self._blocks_for(request.prompt_tokens + max(1, request.output_tokens))
+        if need > self.cache.capacity_blocks:
+            raise CapacityError(
+                f"request {request.request_id} needs {need} blocks; the engine has "
+                f"{self.cache.capacity_blocks}"
+            )
+        when = self.clock.now() if arrival_s is None else arrival_s
+        seq = Sequence(request, hashes, when, first_token_s is not None)
+        if first_token_s is not None:
+            seq.first_token_s = first_token_s
+            seq.num_generated = 1
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to prefill, running and waiting (an upper bound: no hits)."""
+        total = 0
+        for seq in self.running:
+            total += seq.num_target - seq.num_computed
+        for seq in self.waiting:
+            total += seq.request.prompt_tokens + seq.num_generated
+        return total
+
+    def take_events(self) -> list[KVEvent]:
+        return self.cache.take_events()
+
+    # --- planning -------------------------------------------------------------------------
+
+    def schedule(self) -> Batch | None:
+        """Plans the next iteration from now; ``None`` when there is nothing to run."""
+        if not self.running and not self.waiting:
+            return None
+        budget = self.config.max_batched_tokens
+        prefill: list[tuple[Sequence, int]] = []
+        decode: list[Sequence] = []
+        preempted = self._reserve_decode(1)
+        for seq in self.running:
+            if seq.is_prefilling:
+                chunk = min(seq.num_target - seq.num_computed, budget)
+                if chunk > 0:
+                    prefill.append((seq, chunk))
+                    budget -= chunk
+            else:
+                decode.append(seq)
+                budget -= 1
+        if not preempted or not self.running:
+            budget = self._admit(budget, prefill)
+        if not prefill and not decode:
+            return None  # nothing fits even alone: the caller must wait for a completion
+        now = self.clock.now()
+        if prefill:
+            timer = self.timer
+            chunks = [(n, s.num_computed) for s, n in prefill]
+            context = sum(s.context_tokens for s in decode)
+            step = timer.iteration_s(chunks, len(decode), context)
+            return Batch(now, prefill, decode, DecodeRun(1, step))
+        return Batch(now, prefill, decode, self._plan_run(decode))
+
+    def _plan_run(self, decode: list[Sequence]) -> DecodeRun:
+        """Decode-only iterations: as many as nothing but time can change (until the first
+        sequence finishes), bounded by the blocks that can be reserved ahead."""
+        # Whatever kept a waiting request out this time (KV, the sequence limit) lasts until a
+        # sequence finishes, and new arrivals interrupt the run (``Batch.steps_by``).
+        steps = min(seq.output_tokens - seq.num_generated for seq in decode)
+        steps = min(steps, self.config.max_decode_steps)
+        if steps > 1:
+            steps = self._reserve_ahead(decode, steps)
+        context = sum(seq.context_tokens for seq in decode)
+        return self.timer.decode_run(len(decode), context, steps)
+
+    def _admit(self, budget: int, prefill: list[tuple[Sequence, int]]) -> int:
+        max_seqs = self.config.max_num_seqs
+        while budget > 0 and self.waiting and len(self.running) < max_seqs:
+            seq = self.waiting[0]
+            if not self._allocate_prompt(seq):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            chunk = min(seq.num_target - seq.num_computed, budget)
+            if chunk > 0:
+                prefill.append((seq, chunk))
+                budget -= chunk
+        return budget
+
+    # --- KV -------------------------------------------------------------------------------
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_tokens)
+
+    def _take_blocks(self, n: int) -> array[int] | None:
+        """``n`` pool blocks, evicting unlocked cached blocks if needed; ``None`` if they
+        cannot all be had (nothing is taken then)."""
+        if n <= 0:
+            return array("i")
+        pool = self.cache.pool
+        short = n - pool.num_free
+        if short > 0:
+            self.cache.evict(short)
+        return pool.try_allocate(n)
+
+    def _allocate_prompt(self, seq: Sequence) -> bool:
+        """Matches and locks the cached prefix, inserts the rest of the prompt's full blocks
+        and reserves private blocks up to the next token; ``False`` if they do not fit."""
+        cache = self.cache
+        req = seq.request
+        target = req.prompt_tokens + seq.num_generated
+        total_blocks = self._blocks_for(target)
+        if seq.is_prefilled:
+            # The prompt's KV arrived with the request; the first generated token's not yet.
+            blocks = self._take_blocks(self._blocks_for(target - 1))
+            if blocks is None:
+                return False
+            seq.private = blocks
+            seq.num_target = seq.num_computed = target - 1
+            seq.hit_tokens = max(seq.hit_tokens, 0)
+            return True
+        hashes = seq.hashes
+        match = cache.match(hashes)
+        hit = match.num_blocks
+        cache.lock(match.handle)
+        new_tree = len(hashes) - hit
+        pool = cache.pool
+        need = new_tree + total_blocks - len(hashes)
+        if pool.num_free < need:
+            cache.evict(need - pool.num_free)
+            if pool.num_free < need:
+                cache.unlock(match.handle)
+                return False
+        handle = match.handle
+        if new_tree:
+            # Evictions only trimmed unlocked leaves and the matched path is locked, so the
+            # match still holds: insert from it without walking (and touching) the path again.
+            fresh = Match(hit, handle, cache.tree, cache.tree.version)
+            access = cache.insert(hashes, match=fresh, tenant=req.tenant, priority=req.priority)
+            assert access.cached_blocks == len(hashes), "room was reserved for the prompt"
+            cache.lock(access.handle)
+            cache.unlock(handle)
+            handle = access.handle
+        private = pool.try_allocate(total_blocks - len(hashes))
+        assert private is not None, "room was reserved for the private blocks"
+        seq.handle = handle
+        seq.tree_blocks = len(hashes)
+        seq.private = private
+        cached = hit * self.block_tokens
+        # At least the last token is always computed: it yields the next token's logits.
+        seq.num_computed = min(cached, target - 1)
+        seq.num_target = target
+        if seq.hit_tokens < 0:
+            seq.hit_tokens = cached
+            self.stats.hit_tokens += cached
+            self.stats.prompt_tokens += req.prompt_tokens
+        return True
+
+    def _missing_blocks(self, seq: Sequence, steps: int) -> int:
+        """Private blocks ``seq`` still lacks to decode ``steps`` more tokens."""
+        tokens = seq.context_tokens + steps - 1
+        return self._blocks_for(tokens) - seq.tree_blocks - len(seq.private)
+
+    def _reserve_decode(self, steps: int) -> bool:
+        """Gives every decoding sequence room for ``steps`` tokens, preempting the newest
+        running sequences while the pool cannot; ``True`` if anything was preempted."""
+        preempted = False
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            if seq.is_prefilling:
+                i += 1
+                continue
+            missing = self._missing_blocks(seq, steps)
+            if missing > 0:
+                blocks = self._take_blocks(missing)
+                while blocks is None:
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                    blocks = self._take_blocks(missing)
+                if blocks is None:
+                    continue  # seq itself was preempted; running[i] is the next one now
+                seq.private.extend(blocks)
+            i += 1
+        return preempted
+
+    def _reserve_ahead(self, decode: list[Sequence], steps: int) -> int:
+        """Reserves blocks for ``steps`` decode steps of every sequence, or for as many steps
+        as the pool allows (at least the one already reserved)."""
+        pool = self.cache.pool
+        need = sum(max(0, self._missing_blocks(s, steps)) for s in decode)
+        if need > pool.num_free:
+            self.cache.evict(need - pool.num_free)
+        if need > pool.num_free:
+            lo, hi = 1, steps  # the largest step count whose blocks fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if sum(max(0, self._missing_blocks(s, mid)) for s in decode) <= pool.num_free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            steps = lo
+        for seq in decode:
+            missing = self._missing_blocks(seq, steps)
+            if missing > 0:
+                blocks = pool.try_allocate(missing)
+                assert blocks is not None
+                seq.private.extend(blocks)
+        return steps
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.handle is not None:
+            self.cache.unlock(seq.handle)
+            seq.handle = None
+        if seq.private:
+            self.cache.pool.free(seq.private)
+            seq.private = array("i")
+        seq.tree_blocks = 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-mode preemption: drop the KV, queue the request first in line again."""
+        self.running.remove(seq)
+        self._release(seq)
+        seq.is_prefilled = False  # its KV is gone: recompute it here
+        seq.num_computed = 0
+        seq.num_target = 0
+        seq.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # --- completion -----------------------------------------------------------------------
+
+    def complete(self, batch: Batch, steps: int | None = None) -> list[RequestRecord]:
+        """Applies the first ``steps`` steps of ``batch`` (all by default) and returns the
+        requests that finished."""
+        run_steps = batch.num_steps if steps is None else steps
+        end_s = batch.end_s(run_steps)
+        stats = self.stats
+        stats.busy_s += batch.run.elapsed_s(run_steps)
+        stats.num_iterations += run_steps
+        finished: list[Sequence] = []
+        for seq, chunk in batch.prefill:
+            seq.num_computed += chunk
+            seq.prefill_tokens += chunk
+            stats.prefill_tokens += chunk
+            if seq.num_computed >= seq.num_target:
+                seq.num_generated += 1
+                if seq.first_token_s is None:
+                    seq.first_token_s = end_s
+                if self.config.prefill_only or seq.num_generated >= seq.output_tokens:
+                    finished.append(seq)
+        for seq in batch.decode:
+            seq.num_generated += run_steps
+            stats.decode_tokens += run_steps
+            if seq.num_generated >= seq.output_tokens:
+                finished.append(seq)
+        records = [self._finish(seq, end_s) for seq in finished]
+        stats.num_finished += len(records)
+        return records
+
+    def _finish(self, seq: Sequence, end_s: float) -> RequestRecord:
+        self.running.remove(seq)
+        self._release(seq)
+        req = seq.request
+        first = seq.first_token_s if seq.first_token_s is not None else end_s
+        return RequestRecord(
+            request_id=req.request_id,
+            arrival_s=seq.arrival_s,
+            first_token_s=first,
+            finish_s=end_s,
+            prompt_tokens=req.prompt_tokens,
+            output_tokens=seq.output_tokens,
+            hit_tokens=max(seq.hit_tokens, 0),
+            prefill_tokens=seq.prefill_tokens,
+            num_preemptions=seq.num_preemptions,
+        )
+
+    # --- failure --------------------------------------------------------------------------
+
+    def drain(self) -> list[Sequence]:
+        """Drops every request (a crash): releases their KV and returns them, oldest first."""
+        seqs = sorted(self.running, key=lambda s: s.arrival_s) + list(self.waiting)
+        for seq in self.running:
+            self._release(seq)
+        self.running.clear()
+        self.waiting.clear()
+        return seqs
