@@ -183,7 +183,7 @@ def _pick(
     for _ in range(prefixes.candidates):
         if not open_sessions:
             return None
-        slot = rng.randrange(len(open_sessions))
+        slot = int(rng.random() * len(open_sessions))  # randrange costs 4x more
         session = open_sessions[slot]
         if row.arrival_s - session.last_s > prefixes.session_timeout_s:
             open_sessions[slot] = open_sessions[-1]
