@@ -99,12 +99,13 @@ class RadixTree:
         left = max(self.pool.num_blocks - sum(self._quotas.values()), len(unlisted))
         return left / len(unlisted)
 
-    def _victim(self) -> Node | None:
+    def _victim(self, requester: str) -> Node | None:
         if self._single is not None:
             return self._single.victim()
+        # Furthest above its fair share goes first; on a tie the tenant asking for room pays.
         order = sorted(
             self._policies,
-            key=lambda t: self.usage_blocks.get(t, 0) / self.fair_share_blocks(t),
+            key=lambda t: (self.usage_blocks.get(t, 0) / self.fair_share_blocks(t), t == requester),
             reverse=True,
         )
         for tenant in order:
@@ -219,7 +220,7 @@ class RadixTree:
         want = n - pos
         blocks = self.pool.try_allocate(want)
         if blocks is None:
-            self.evict(want - self.pool.num_free)
+            self.evict(want - self.pool.num_free, requester=tenant)
             blocks = self.pool.try_allocate(min(want, self.pool.num_free))
             assert blocks is not None
         if not blocks:
@@ -262,11 +263,12 @@ class RadixTree:
 
     # --- eviction ------------------------------------------------------------------------
 
-    def evict(self, num_blocks: int) -> int:
-        """Frees up to ``num_blocks`` blocks from unlocked leaves; returns how many it freed."""
+    def evict(self, num_blocks: int, *, requester: str = "") -> int:
+        """Frees up to ``num_blocks`` blocks from unlocked leaves; returns how many it freed.
+        ``requester`` is the tenant that needs the room (it pays on fair-share ties)."""
         freed = 0
         while freed < num_blocks:
-            node = self._victim()
+            node = self._victim(requester)
             if node is None:
                 break
             freed += self._trim(node, min(num_blocks - freed, node.num_blocks))
