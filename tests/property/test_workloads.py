@@ -9,7 +9,7 @@ from kvtide.types import Request
 from kvtide.workloads import Agent, Burst, Chat, Mixed, Rag, Tenants
 from kvtide.workloads.azure import AzureRow, SyntheticPrefixes, add_prefixes
 from kvtide.workloads.builtins import BuiltinParams
-from kvtide.workloads.synthetic import VOCAB_SIZE
+from kvtide.workloads.synthetic import TOKEN_IDS
 
 SMALL_BUILTINS: list[BuiltinParams] = [
     Chat(sessions=6, turns=3.0, duration_s=100.0, system_tokens=100.0, user_tokens=40.0),
@@ -28,7 +28,7 @@ def _assert_consistent(requests: list[Request], block_tokens: int) -> None:
         assert request.block_tokens == block_tokens
         if request.token_ids is not None:
             assert len(request.token_ids) == request.prompt_tokens
-            assert min(request.token_ids) >= 0 and max(request.token_ids) < VOCAB_SIZE
+            assert min(request.token_ids) in TOKEN_IDS and max(request.token_ids) in TOKEN_IDS
         else:
             assert request.block_ids is not None
             assert len(request.block_ids) == -(-request.prompt_tokens // block_tokens)

@@ -11,7 +11,7 @@ adds a seeded prefix structure that keeps every arrival time and length exactly:
   output) is shorter than the request, which then extends that context with a new message.
   Up to ``candidates`` open sessions are tried at random; otherwise a new session starts.
 
-Requests carry prefix-chained block ids (``chained_ids=True``) at the block size asked for
+Requests carry prefix-chained block ids (like Mooncake's) at the block size asked for
 (default 16): a synthetic trace's native block size is whatever it was generated at.
 """
 
@@ -162,7 +162,6 @@ def add_prefixes(
             output_tokens=row.output_tokens,
             block_tokens=block_tokens,
             block_ids=tuple(block_ids),
-            chained_ids=True,
             session_id=f"azure-{session.index}",
             extra={"turn": session.turns},
         )

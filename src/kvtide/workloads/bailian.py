@@ -2,8 +2,8 @@
 
 A row: ``chat_id``, ``parent_chat_id`` (-1 for a first turn), ``timestamp`` (float s),
 ``input_length``, ``output_length``, ``type``, ``turn`` and ``hash_ids``. An id hashes its
-block's content alone (it is NOT chained and may repeat inside a request), so requests carry
-``chained_ids=False`` and the cache side chains them (``core.hashing.hash_block_ids``).
+block's content alone (it is NOT chained and may repeat inside a request): requests keep
+them as ``block_ids`` and the cache side chains them (``core.hashing.hash_block_ids``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ def read_bailian(path: Path) -> Iterator[Request]:
             output_tokens=row.get_int("output_length"),
             block_tokens=BLOCK_TOKENS,
             block_ids=block_ids,
-            chained_ids=False,
             session_id=str(root_id),
             extra={
                 "chat_id": chat_id,

@@ -21,9 +21,9 @@ from kvtide.types import Request, TenantId
 from kvtide.workloads.synthetic import (
     ContentPool,
     ConversationShape,
-    as_token_ids,
     conversations,
     fresh_tokens,
+    frozen,
     lognormal_int,
     merge,
     pick,
@@ -220,7 +220,7 @@ class Rag:
                 prompt_tokens=len(prompt),
                 output_tokens=lognormal_int(rng, self.output_tokens),
                 block_tokens=block_tokens,
-                token_ids=as_token_ids(prompt),
+                token_ids=frozen(prompt),
                 tenant=tenant,
                 extra={"documents": tuple(chosen)},
             )
@@ -270,7 +270,7 @@ class Burst:
                 prompt_tokens=len(prompt),
                 output_tokens=lognormal_int(rng, self.output_tokens),
                 block_tokens=block_tokens,
-                token_ids=as_token_ids(prompt),
+                token_ids=frozen(prompt),
                 tenant=tenant,
                 extra={"is_burst": is_on},
             )

@@ -34,5 +34,4 @@ def read_mooncake(path: Path) -> Iterator[Request]:
             output_tokens=row.get_int("output_length"),
             block_tokens=BLOCK_TOKENS,
             block_ids=block_ids,
-            chained_ids=True,
         )

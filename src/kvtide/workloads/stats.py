@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Hashable, Iterable
 
+import numpy as np
+
 from kvtide.types import Request
 
 
@@ -63,12 +65,12 @@ def stats(requests: Iterable[Request]) -> dict[str, object]:
 
 
 def _full_blocks(request: Request) -> Iterable[Hashable]:
-    """The request's full blocks: token tuples, or block ids (the partial last block dropped)."""
+    """The request's full blocks: token bytes, or block ids (the partial last block dropped)."""
     num_full = request.prompt_tokens // request.block_tokens
     if request.token_ids is not None:
-        size = request.block_tokens
-        tokens = request.token_ids
-        return (tokens[i * size : (i + 1) * size] for i in range(num_full))
+        data = np.asarray(request.token_ids, dtype=np.int32).tobytes()
+        size = 4 * request.block_tokens
+        return (data[i * size : (i + 1) * size] for i in range(num_full))
     if request.block_ids is not None:
         return request.block_ids[:num_full]
     return ()

@@ -21,11 +21,12 @@ import numpy.typing as npt
 
 from kvtide.types import Request, TenantId
 
-VOCAB_SIZE: Final = 256
-"""Token ids lie in [0, 256): CPython shares its small ints, so a token costs 8 bytes in a tuple,
-while a random 16-token block still has 2**128 possible contents."""
+TOKEN_IDS: Final = range(1000, 30000)
+"""Where synthetic token ids lie: ordinary tokens in every common vocabulary (Llama 2's 32k,
+GPT-2's 50k, SmolLM2's 49k, Llama 3's 128k), clear of special and byte tokens at the low end,
+so a synthetic prompt can also be sent to a real engine."""
 
-Tokens = npt.NDArray[np.uint8]
+Tokens = npt.NDArray[np.int32]
 
 
 def stream_rngs(seed: int, stream: str) -> tuple[random.Random, np.random.Generator]:
@@ -91,11 +92,13 @@ class ContentPool:
 
 
 def fresh_tokens(rng: np.random.Generator, count: int) -> Tokens:
-    return rng.integers(0, VOCAB_SIZE, count, dtype=np.uint8)
+    return rng.integers(TOKEN_IDS.start, TOKEN_IDS.stop, count, dtype=np.int32)
 
 
-def as_token_ids(tokens: Tokens) -> tuple[int, ...]:
-    return tuple(tokens.tolist())
+def frozen(tokens: Tokens) -> Tokens:
+    """A request's own token array, made read-only: requests are values."""
+    tokens.flags.writeable = False
+    return tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +179,7 @@ def conversations(
             prompt_tokens=len(prompt),
             output_tokens=turn.output_tokens,
             block_tokens=block_tokens,
-            token_ids=as_token_ids(prompt),
+            token_ids=frozen(prompt),
             tenant=tenant,
             session_id=f"{stream}-{index}",
             extra={"turn": k + 1},

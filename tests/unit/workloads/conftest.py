@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+
+from kvtide.types import Request
 
 WriteLines = Callable[[str, Sequence[object]], Path]
 
@@ -22,3 +25,9 @@ def write_lines(tmp_path: Path) -> WriteLines:
         return path
 
     return write
+
+
+def fields(request: Request) -> tuple[object, ...]:
+    """A request as a comparable tuple: Request compares by identity and may hold an array."""
+    values = [getattr(request, field.name) for field in dataclasses.fields(request)]
+    return tuple(tuple(v.tolist()) if hasattr(v, "tolist") else v for v in values)

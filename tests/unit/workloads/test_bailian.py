@@ -40,7 +40,6 @@ def test_content_ids_are_kept_unchained_and_sessions_follow_parent_links(
     assert [r.session_id for r in requests] == ["1", "1", "1", "3"]
     assert [r.arrival_s for r in requests] == [0.25, 1.5, 2.0, 2.5]
     assert requests[1].block_ids == (50, 51, 51, 52)
-    assert {r.chained_ids for r in requests} == {False}
     assert {r.block_tokens for r in requests} == {16}
     assert (requests[1].prompt_tokens, requests[1].output_tokens) == (61, 7)
     assert requests[2].extra == {"chat_id": 9, "parent_chat_id": 5, "type": "text", "turn": 3}

@@ -22,7 +22,7 @@ def test_the_standard_json_module_stands_in_when_orjson_is_absent(
     path = write_lines("t.jsonl", [{"token_ids": [1, 2]}, "{oops"])
     requests = read_tokens(path, block_tokens=16)
 
-    assert next(requests).token_ids == (1, 2)
+    assert next(requests).prompt_tokens == 2
     with pytest.raises(TraceFormatError, match=r"t.jsonl:2: malformed JSON"):
         next(requests)
 

@@ -11,7 +11,7 @@ def test_block_id_requests_hit_the_longest_prefix_seen_in_full_blocks() -> None:
         Request("a", 1.0, 40, 5, 16, block_ids=(1, 2, 3), session_id="s"),
         Request("b", 3.0, 48, 5, 16, block_ids=(1, 2, 9), session_id="s"),
         # Content ids are chained before matching: (5,) then (5, 5) are two distinct blocks.
-        Request("c", 4.0, 32, 5, 16, block_ids=(5, 5), chained_ids=False, tenant=TenantId("x")),
+        Request("c", 4.0, 32, 5, 16, block_ids=(5, 5), tenant=TenantId("x")),
         # Same second id as "a" under another first block: a different prefix, no hit.
         Request("d", 5.0, 32, 5, 16, block_ids=(7, 2)),
     ]

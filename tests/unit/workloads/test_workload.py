@@ -6,6 +6,8 @@ from kvtide.errors import ConfigError
 from kvtide.types import Request
 from kvtide.workloads.workload import Workload
 
+from .conftest import fields
+
 
 def _requests() -> list[Request]:
     return [
@@ -37,7 +39,7 @@ def test_of_holds_requests_in_memory() -> None:
         "limit": None,
         "time_scale": 1.0,
     }
-    assert list(workload) == _requests()
+    assert [fields(r) for r in workload] == [fields(r) for r in _requests()]
 
 
 @pytest.mark.parametrize(
