@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +21,9 @@ class Workload:
     consumer that caches at another size re-blocks (``core.hashing.expand_block_ids`` for
     block ids; token ids re-block for free). ``time_scale`` multiplies every inter-arrival
     gap (2.0 runs twice as slow); ``limit`` keeps the first ``limit`` requests.
-    ``format`` says where the requests come from (``mooncake``, ``bailian``, ``tokens``,
+    A workload pickles (its source is a module function or a bound method with its
+    arguments), so parallel workers can each iterate it. ``format`` says where the requests come
+    from (``mooncake``, ``bailian``, ``tokens``,
     ``azure``, ``builtin``); ``description`` is a JSON-ready summary for reports.
     """
 
@@ -43,8 +46,7 @@ class Workload:
     @classmethod
     def of(cls, name: str, requests: Sequence[Request], *, block_tokens: int = 16) -> Workload:
         """A workload over requests already in memory (tests, small experiments)."""
-        frozen = tuple(requests)
-        return cls(name, "memory", block_tokens, source=lambda: iter(frozen))
+        return cls(name, "memory", block_tokens, source=functools.partial(iter, tuple(requests)))
 
     @property
     def description(self) -> dict[str, object]:

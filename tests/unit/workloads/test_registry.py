@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from kvtide.errors import ConfigError, TraceFormatError
 from kvtide.workloads.registry import detect_format, open_workload
 
-from .conftest import WriteLines
+from .conftest import WriteLines, fields
 
 MOONCAKE_ROW = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [0, 1]}
 BAILIAN_ROW = {
@@ -91,6 +92,14 @@ def test_builtin_specs_take_typed_options() -> None:
         "max_prompt_tokens": 16384,
     }
     assert {r.session_id for r in workload} == {"chat-0", "chat-1", "chat-2"}
+
+
+def test_a_workload_pickles_for_parallel_workers(write_lines: WriteLines) -> None:
+    for spec in ("builtin:rag:requests=5", str(write_lines("b.jsonl", [BAILIAN_ROW]))):
+        workload = open_workload(spec)
+        copy = pickle.loads(pickle.dumps(workload))
+
+        assert [fields(r) for r in copy] == [fields(r) for r in workload]
 
 
 def test_a_bare_builtin_is_the_default_mix() -> None:

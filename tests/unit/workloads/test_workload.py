@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from kvtide.errors import ConfigError
@@ -40,6 +42,9 @@ def test_of_holds_requests_in_memory() -> None:
         "time_scale": 1.0,
     }
     assert [fields(r) for r in workload] == [fields(r) for r in _requests()]
+    assert [fields(r) for r in pickle.loads(pickle.dumps(workload))] == [
+        fields(r) for r in workload
+    ]
 
 
 @pytest.mark.parametrize(
