@@ -1,4 +1,4 @@
-"""The import arrows of docs/STYLE: core <- routing | engine <- state | telemetry <- gateway | sim <- cli.
+"""Import arrows: core <- routing | engine <- state | telemetry <- gateway | sim <- cli.
 
 Checked from the source with ast, so a wrong import fails here before it tangles anything.
 """

@@ -150,11 +150,12 @@ class RadixTree:
         self.tick += 1
         tick = self.tick
         now = self.clock.now()
+        single = self._single
         for node in path:
             node.last_access = tick
             node.last_access_s = now
             node.hits += 1
-            self.policy_for(node).on_access(node)
+            (single or self.policy_for(node)).on_access(node)
 
     def _split(self, node: Node, k: int) -> Node:
         """Splits ``node`` after its first ``k`` blocks and returns the new head node."""
@@ -216,16 +217,17 @@ class RadixTree:
         n = len(seq)
         if pos >= n:
             return node, 0
-        self.lock(node)  # the path we extend must survive the evictions below
         want = n - pos
         blocks = self.pool.try_allocate(want)
+        locked = blocks is None
         if blocks is None:
+            self.lock(node)  # the path we extend must survive the evictions below
             self.evict(want - self.pool.num_free, requester=tenant)
             blocks = self.pool.try_allocate(min(want, self.pool.num_free))
             assert blocks is not None
-        if not blocks:
-            self.unlock(node)
-            return node, 0
+            if not blocks:
+                self.unlock(node)
+                return node, 0
         key = seq.raw[pos << 3 : (pos + len(blocks)) << 3]
         leaf = Node(node, key, blocks, pos, tenant)
         leaf.last_access = self.tick
@@ -239,7 +241,8 @@ class RadixTree:
         self.version += 1
         self.policy_for(leaf).on_insert(leaf)
         self.listener.stored(leaf, BlockHashes(key))
-        self.unlock(node)
+        if locked:
+            self.unlock(node)
         return leaf, len(blocks)
 
     # --- locking -------------------------------------------------------------------------
