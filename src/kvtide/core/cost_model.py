@@ -312,6 +312,7 @@ class CostModel:
         new_tokens: int = 0,
         link_load: float = 0.0,
         *,
+        block_tokens: int = 1,
         with_break_even: bool = True,
     ) -> OnboardDecision:
         """Reload, recompute or split for a prefix hit in ``tier``; see `kvtide.core.onboard`."""
@@ -321,6 +322,7 @@ class CostModel:
             tier,
             new_tokens,
             link_load,
+            block_tokens=block_tokens,
             with_break_even=with_break_even,
         )
 

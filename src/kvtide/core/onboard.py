@@ -41,7 +41,7 @@ class OnboardDecision:
 
     ``time_s`` is the chosen plan's time, the least of ``recompute_s``, ``reload_s`` and
     ``split_s`` (ties go to recompute, then reload). ``split_s`` is the best split that loads
-    between 1 and cached − 1 tokens (infinity when there is none).
+    between 1 and cached − 1 tokens in whole blocks (infinity when there is none).
     """
 
     action: OnboardAction
@@ -77,22 +77,26 @@ def decide_onboard(
     new_tokens: int = 0,
     link_load: float = 0.0,
     *,
+    block_tokens: int = 1,
     with_break_even: bool = True,
 ) -> OnboardDecision:
     """Chooses how to bring a request's cached prefix of ``cached_tokens_in_tier`` tokens from
     ``tier`` onto the GPUs, before prefilling its ``new_tokens`` uncached tokens.
 
-    The best split is exact under the model: the load time grows and the compute time shrinks
-    with the split point k, and both are piecewise linear or concave in k, so the optimum lies
-    at a piece boundary (ends, the chunk-size kink, or where load and compute cross, found by
-    bisection). ``with_break_even=False`` skips the prefix-length scan (the costly part).
+    A split reloads a whole number of ``block_tokens`` blocks. The best split is exact under
+    the model: the load time grows and the compute time shrinks with the split point k, and
+    the plan's time is concave in k between breakpoints (the chunk-size kink, and where load
+    and compute cross, found by bisection), so the optimum is a block next to a breakpoint or
+    an end. ``with_break_even=False`` skips the prefix-length scan (the costly part).
     """
     cached, new = cached_tokens_in_tier, new_tokens
     if cached < 0 or new < 0:
         raise ValueError("token counts must be >= 0")
+    if block_tokens < 1:
+        raise ValueError("block_tokens must be >= 1")
     recompute_s = cost.onboard_time(cached, 0, new, tier, link_load)
     reload_s = cost.onboard_time(cached, cached, new, tier, link_load)
-    split_k, split_s = _best_split(cost, cached, new, tier, link_load)
+    split_k, split_s = _best_split(cost, cached, new, tier, link_load, block_tokens)
     options = [
         (recompute_s, OnboardAction.RECOMPUTE, 0),
         (reload_s, OnboardAction.RELOAD, cached),
@@ -122,12 +126,14 @@ def decide_onboard(
 
 
 def _best_split(
-    cost: CostModel, cached: int, new: int, tier: Tier, link_load: float
+    cost: CostModel, cached: int, new: int, tier: Tier, link_load: float, block_tokens: int
 ) -> tuple[int, float]:
-    """The interior split point k in [1, cached − 1] with the least onboard time."""
-    if cached < 2 or tier is Tier.DEVICE:
-        return 0, math.inf
+    """The interior split point k, a multiple of ``block_tokens`` in [1, cached − 1], with the
+    least onboard time; (0, inf) when there is none."""
     lo, hi = 1, cached - 1
+    first, last = block_tokens, (hi // block_tokens) * block_tokens
+    if tier is Tier.DEVICE or first > last:
+        return 0, math.inf
 
     def load_s(k: int) -> float:
         return cost.transfer_time(cost.kv_bytes(k), tier, link_load)
@@ -149,9 +155,14 @@ def _best_split(
         cross = left
     # Beyond one chunk of tokens the number of copies grows with k: the load time kinks there.
     kink = cost.coefficients.chunk_tokens
-    candidates = {lo, hi, cross, cross + 1, kink}
+    candidates: set[int] = set()
+    for point in (first, last, cross, cross + 1, kink):
+        below = (point // block_tokens) * block_tokens
+        candidates.update((below, below + block_tokens))
     best = min(
-        (cost.onboard_time(cached, k, new, tier, link_load), k) for k in candidates if lo <= k <= hi
+        (cost.onboard_time(cached, k, new, tier, link_load), k)
+        for k in candidates
+        if first <= k <= last
     )
     return best[1], best[0]
 
