@@ -240,7 +240,7 @@ class Scheduler:
                 decode.append(seq)
                 budget -= 1
         if not preempted or not self.running:
-            budget = self._admit(budget, prefill)
+            budget = self._admit(budget, prefill, decode)
         if not prefill and not decode:
             return None  # nothing fits even alone: the caller must wait for a completion
         now = self.clock.now()
@@ -264,7 +264,9 @@ class Scheduler:
         context = sum(seq.context_tokens for seq in decode)
         return self.timer.decode_run(len(decode), context, steps)
 
-    def _admit(self, budget: int, prefill: list[tuple[Sequence, int]]) -> int:
+    def _admit(
+        self, budget: int, prefill: list[tuple[Sequence, int]], decode: list[Sequence]
+    ) -> int:
         max_seqs = self.config.max_num_seqs
         while budget > 0 and self.waiting and len(self.running) < max_seqs:
             seq = self.waiting[0]
@@ -272,10 +274,13 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
+            if not seq.is_prefilling:  # prefilled elsewhere: it decodes right away
+                decode.append(seq)
+                budget -= 1
+                continue
             chunk = min(seq.num_target - seq.num_computed, budget)
-            if chunk > 0:
-                prefill.append((seq, chunk))
-                budget -= chunk
+            prefill.append((seq, chunk))
+            budget -= chunk
         return budget
 
     # --- KV -------------------------------------------------------------------------------
@@ -302,8 +307,8 @@ class Scheduler:
         target = req.prompt_tokens + seq.num_generated
         total_blocks = self._blocks_for(target)
         if seq.is_prefilled:
-            # The prompt's KV arrived with the request; the first generated token's not yet.
-            blocks = self._take_blocks(self._blocks_for(target - 1))
+            # The prompt's KV arrived with the request: room for it and the next token.
+            blocks = self._take_blocks(self._blocks_for(target))
             if blocks is None:
                 return False
             seq.private = blocks

@@ -1,0 +1,319 @@
+"""N engine replicas behind a routing policy, on one event loop.
+
+The fleet routes each arriving request with the real policy object, runs each replica's
+``Scheduler`` iteration by iteration (a decode-only run is one event, cut short when a new
+request arrives), forwards the replicas' KV events to the router with a delay and a loss rate,
+takes replicas down and up at given times, and samples counters for the time series.
+With ``num_decode_replicas`` the fleet is disaggregated: the routed replicas only prefill, and
+each request then moves, after its KV transfer, to the least busy decode replica.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvtide.clock import ManualClock
+from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.core.events import AllBlocksCleared, KVEvent
+from kvtide.core.hashing import BlockHashes
+from kvtide.engine.scheduler import Batch, EngineConfig, RequestRecord, Scheduler
+from kvtide.engine.timing import IterationTimer
+from kvtide.errors import ConfigError
+from kvtide.sim.loop import EventLoop
+from kvtide.sim.metrics import FleetSample, MetricsCollector
+from kvtide.sim.placeholder_routing import ReplicaState, RoutingPolicy
+from kvtide.types import ReplicaId, Request, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """Replica ``replica`` (its index) is down from ``start_s`` until ``end_s`` (forever if
+    ``None``): its requests are re-routed and its cache is lost."""
+
+    replica: int
+    start_s: float
+    end_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    num_replicas: int
+    capacity_blocks: int
+    block_tokens: int
+    eviction: str = "lru"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    event_delay_s: float = 0.0
+    """Seconds from a cache change to the router's index learning of it."""
+    event_loss: float = 0.0
+    """Probability that a batch of KV events never reaches the router."""
+    outages: tuple[Outage, ...] = ()
+    num_decode_replicas: int = 0
+    sample_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ConfigError("a fleet needs at least one replica")
+        if self.event_delay_s < 0 or not 0.0 <= self.event_loss <= 1.0:
+            raise ConfigError("event delay must be >= 0 and event loss within [0, 1]")
+        if self.num_decode_replicas < 0:
+            raise ConfigError("decode replicas must be >= 0")
+        if self.sample_interval_s <= 0:
+            raise ConfigError("the sample interval must be positive")
+        for outage in self.outages:
+            if not 0 <= outage.replica < self.num_replicas:
+                raise ConfigError(f"outage of replica {outage.replica}: no such replica")
+            if outage.end_s is not None and outage.end_s < outage.start_s:
+                raise ConfigError("an outage must end after it starts")
+
+
+class Replica:
+    """One engine and its cache, plus the iteration in flight."""
+
+    __slots__ = ("batch", "cache", "engine", "generation", "index", "is_healthy", "state", "steps")
+
+    def __init__(self, index: int, engine: Scheduler, cache: KVCache) -> None:
+        self.index = index
+        self.engine = engine
+        self.cache = cache
+        self.state = ReplicaState(ReplicaId(f"r{index}"))
+        self.is_healthy = True
+        self.batch: Batch | None = None
+        self.steps = 0  # steps of ``batch`` that will have run when its completion fires
+        self.generation = 0  # bumps invalidate a scheduled completion
+
+
+class Fleet:
+    def __init__(
+        self,
+        config: FleetConfig,
+        router: RoutingPolicy,
+        timer: IterationTimer,
+        loop: EventLoop,
+        *,
+        hasher: Callable[[Request], BlockHashes],
+        rng: random.Random,
+        transfer_s: Callable[[int], float] = lambda tokens: 0.0,
+    ) -> None:
+        self.config = config
+        self.router = router
+        self.loop = loop
+        self.clock: ManualClock = loop.clock
+        self.hasher = hasher
+        self.rng = rng
+        self.transfer_s = transfer_s
+        self.metrics = MetricsCollector()
+        self.unserved: list[Request] = []
+        prefill_engine = config.engine
+        if config.num_decode_replicas:
+            prefill_engine = EngineConfig(
+                max_batched_tokens=prefill_engine.max_batched_tokens,
+                max_num_seqs=prefill_engine.max_num_seqs,
+                max_decode_steps=prefill_engine.max_decode_steps,
+                prefill_only=True,
+            )
+        self.replicas = [
+            self._make_replica(i, prefill_engine, timer) for i in range(config.num_replicas)
+        ]
+        self.decoders = [
+            self._make_replica(config.num_replicas + i, config.engine, timer)
+            for i in range(config.num_decode_replicas)
+        ]
+        self._prefill_records: dict[str, RequestRecord] = {}
+        self._requests_by_id: dict[str, Request] = {}
+        for outage in config.outages:
+            loop.at(outage.start_s, self._fail, self.replicas[outage.replica])
+            if outage.end_s is not None:
+                loop.at(outage.end_s, self._recover, self.replicas[outage.replica])
+
+    def _make_replica(self, index: int, engine: EngineConfig, timer: IterationTimer) -> Replica:
+        cfg = self.config
+        cache = KVCache(
+            CacheConfig(
+                cfg.capacity_blocks,
+                cfg.block_tokens,
+                policy=cfg.eviction,
+                record_events=True,
+                ghost_blocks=0,
+            ),
+            self.clock,
+        )
+        return Replica(index, Scheduler(engine, cache, timer, self.clock), cache)
+
+    # --- requests -------------------------------------------------------------------------
+
+    def submit(self, request: Request, arrival_s: float | None = None) -> None:
+        """Routes ``request`` now and queues it on the chosen replica."""
+        healthy = [r.state for r in self.replicas if r.is_healthy]
+        if not healthy:
+            self.unserved.append(request)
+            return
+        decision = self.router.choose(request, healthy)
+        replica = self.replicas[int(decision.replica_id[1:])]
+        hashes = self.hasher(request)
+        replica.engine.add(
+            request, hashes, arrival_s=request.arrival_s if arrival_s is None else arrival_s
+        )
+        if self.decoders:
+            self._requests_by_id[request.request_id] = request
+        state = replica.state
+        state.outstanding_requests += 1
+        state.outstanding_prefill_tokens += request.prompt_tokens
+        self._kick(replica)
+
+    def _kick(self, replica: Replica) -> None:
+        """Starts an iteration on an idle replica, or cuts a decode run short so that the
+        replica sees new work at its next iteration boundary."""
+        batch = replica.batch
+        if batch is not None:
+            if batch.num_steps > 1 and replica.steps > 1:
+                steps = batch.steps_by(self.clock.now())
+                if steps < replica.steps:
+                    replica.steps = steps
+                    replica.generation += 1
+                    self.loop.at(batch.end_s(steps), self._complete, (replica, replica.generation))
+            return
+        batch = replica.engine.schedule()
+        self._forward_events(replica)
+        if batch is None:
+            return
+        replica.batch = batch
+        replica.steps = batch.num_steps
+        replica.generation += 1
+        self.loop.at(batch.end_s(), self._complete, (replica, replica.generation))
+
+    def _complete(self, arg: tuple[Replica, int]) -> None:
+        replica, generation = arg
+        if generation != replica.generation or replica.batch is None:
+            return
+        batch = replica.batch
+        replica.batch = None
+        records = replica.engine.complete(batch, replica.steps)
+        self._first_tokens(replica, batch)
+        for record in records:
+            self._finished(replica, record)
+        self._forward_events(replica)
+        self._kick(replica)
+
+    def _first_tokens(self, replica: Replica, batch: Batch) -> None:
+        """Gateway-side accounting: a request's prefill is done once its first token is out."""
+        state = replica.state
+        for seq, _ in batch.prefill:
+            if seq.num_computed >= seq.num_target and seq.num_generated == 1:
+                state.outstanding_prefill_tokens -= seq.request.prompt_tokens
+
+    def _finished(self, replica: Replica, record: RequestRecord) -> None:
+        if replica.index >= self.config.num_replicas:  # a decode replica
+            self._finish_decode(record)
+            return
+        replica.state.outstanding_requests -= 1
+        if not self.decoders:
+            self.metrics.record(record)
+            return
+        self._prefill_records[record.request_id] = record
+        self.loop.at(
+            self.clock.now() + self.transfer_s(record.prompt_tokens), self._hand_off, record
+        )
+
+    # --- disaggregation -------------------------------------------------------------------
+
+    def _hand_off(self, record: RequestRecord) -> None:
+        decoder = min(
+            self.decoders, key=lambda d: (d.engine.num_running + d.engine.num_waiting, d.index)
+        )
+        request = self._requests_by_id.pop(record.request_id)
+        decoder.engine.add(
+            request,
+            self.hasher(request),
+            arrival_s=record.arrival_s,
+            first_token_s=record.first_token_s,
+        )
+        self._kick(decoder)
+
+    def _finish_decode(self, record: RequestRecord) -> None:
+        prefill = self._prefill_records.pop(record.request_id)
+        self.metrics.record(
+            RequestRecord(
+                request_id=record.request_id,
+                arrival_s=prefill.arrival_s,
+                first_token_s=prefill.first_token_s,
+                finish_s=record.finish_s,
+                prompt_tokens=record.prompt_tokens,
+                output_tokens=record.output_tokens,
+                hit_tokens=prefill.hit_tokens,
+                prefill_tokens=prefill.prefill_tokens + record.prefill_tokens,
+                num_preemptions=prefill.num_preemptions + record.num_preemptions,
+            )
+        )
+
+    # --- KV events ------------------------------------------------------------------------
+
+    def _forward_events(self, replica: Replica) -> None:
+        events = replica.engine.take_events()
+        if not events or replica.index >= self.config.num_replicas:
+            return
+        cfg = self.config
+        if cfg.event_loss and self.rng.random() < cfg.event_loss:
+            return
+        if cfg.event_delay_s:
+            self.loop.at(
+                self.clock.now() + cfg.event_delay_s, self._deliver, (replica.state, events)
+            )
+        else:
+            self.router.apply(replica.state.replica_id, events)
+
+    def _deliver(self, arg: tuple[ReplicaState, list[KVEvent]]) -> None:
+        state, events = arg
+        self.router.apply(state.replica_id, events)
+
+    # --- failures -------------------------------------------------------------------------
+
+    def _fail(self, replica: Replica) -> None:
+        if not replica.is_healthy:
+            return
+        replica.is_healthy = False
+        replica.state.is_healthy = False
+        replica.batch = None
+        replica.generation += 1
+        seqs = replica.engine.drain()
+        replica.cache.clear()
+        replica.cache.take_events()  # a dead replica publishes nothing...
+        # ...its health check failing is what tells the router to forget its blocks.
+        self.router.apply(replica.state.replica_id, [AllBlocksCleared()])
+        replica.state.outstanding_requests = 0
+        replica.state.outstanding_prefill_tokens = 0
+        for seq in seqs:
+            self.submit(seq.request, seq.arrival_s)
+
+    def _recover(self, replica: Replica) -> None:
+        replica.is_healthy = True
+        replica.state.is_healthy = True
+        stranded, self.unserved = self.unserved, []
+        for request in stranded:
+            self.submit(request)
+
+    # --- sampling -------------------------------------------------------------------------
+
+    def sample(self) -> FleetSample:
+        everyone = self.replicas + self.decoders
+        return FleetSample(
+            time_s=self.clock.now(),
+            hit_tokens=sum(r.engine.stats.hit_tokens for r in self.replicas),
+            prompt_tokens=sum(r.engine.stats.prompt_tokens for r in self.replicas),
+            evicted_blocks=sum(r.cache.tree.num_evicted_total for r in everyone),
+            busy_s=[r.engine.stats.busy_s for r in everyone],
+            queued=[r.engine.num_running + r.engine.num_waiting for r in everyone],
+        )
+
+    @property
+    def hit_tokens_by_tier(self) -> dict[str, int]:
+        return {Tier.DEVICE.name.lower(): sum(r.engine.stats.hit_tokens for r in self.replicas)}
+
+    @property
+    def busy_s(self) -> Sequence[float]:
+        return [r.engine.stats.busy_s for r in self.replicas]
+
+    @property
+    def evicted_blocks(self) -> int:
+        return sum(r.cache.tree.num_evicted_total for r in self.replicas + self.decoders)

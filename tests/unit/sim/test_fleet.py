@@ -1,0 +1,142 @@
+"""The fleet: routing, KV events with delay and loss, replica failures, disaggregation."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from kvtide.clock import ManualClock
+from kvtide.core.events import AllBlocksCleared, BlockStored, KVEvent
+from kvtide.core.hashing import BlockHashes, hash_tokens
+from kvtide.engine.timing import IterationTimer
+from kvtide.sim.fleet import Fleet, FleetConfig, Outage
+from kvtide.sim.loop import EventLoop
+from kvtide.sim.placeholder_routing import ReplicaState, RoundRobin, RouteDecision
+from kvtide.types import ReplicaId, Request
+
+BLOCK = 4
+
+
+class FlatCost:
+    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        return 0.001 * new_tokens
+
+    def decode_step_time(self, batch: int, context_tokens: int) -> float:
+        return 0.010
+
+
+class RecordingRouter(RoundRobin):
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.applied: list[tuple[float, ReplicaId, KVEvent]] = []
+        self.chosen: list[ReplicaId] = []
+
+    def choose(self, request: Request, replicas: Sequence[ReplicaState]) -> RouteDecision:
+        decision = super().choose(request, replicas)
+        self.chosen.append(decision.replica_id)
+        return decision
+
+    def apply(self, replica_id: ReplicaId, events: Sequence[KVEvent]) -> None:
+        self.applied.extend((self.clock.now(), replica_id, e) for e in events)
+
+
+def hasher(request: Request) -> BlockHashes:
+    assert request.token_ids is not None
+    return hash_tokens(request.token_ids, BLOCK, seed=3)
+
+
+def make_fleet(**config: object) -> tuple[Fleet, RecordingRouter, EventLoop]:
+    clock = ManualClock()
+    loop = EventLoop(clock)
+    router = RecordingRouter(clock)
+    cfg = FleetConfig(capacity_blocks=64, block_tokens=BLOCK, **config)  # type: ignore[arg-type]
+    fleet = Fleet(
+        cfg,
+        router,
+        IterationTimer(FlatCost(), 0.0),
+        loop,
+        hasher=hasher,
+        rng=random.Random(0),
+        transfer_s=lambda tokens: 0.001 * tokens,
+    )
+    return fleet, router, loop
+
+
+def arrive(fleet: Fleet, loop: EventLoop, rid: str, at_s: float, first_token: int) -> None:
+    tokens = np.arange(first_token, first_token + 8, dtype=np.int32)
+    req = Request(rid, at_s, 8, 3, BLOCK, token_ids=tokens)
+    loop.at(at_s, fleet.submit, req)
+
+
+def test_requests_spread_and_finish_with_exact_times() -> None:
+    fleet, router, loop = make_fleet(num_replicas=2)
+    arrive(fleet, loop, "a", 0.0, 1)
+    arrive(fleet, loop, "b", 0.0, 100)
+    loop.run()
+    assert router.chosen == ["r0", "r1"]
+    records = sorted(fleet.metrics.records, key=lambda r: r.request_id)
+    assert [r.first_token_s for r in records] == pytest.approx([0.008, 0.008])
+    assert [r.finish_s for r in records] == pytest.approx([0.028, 0.028])
+
+
+def test_a_new_arrival_cuts_a_decode_run_at_the_next_step() -> None:
+    fleet, _, loop = make_fleet(num_replicas=1)
+    tokens = np.arange(1, 9, dtype=np.int32)
+    loop.at(0.0, fleet.submit, Request("long", 0.0, 8, 100, BLOCK, token_ids=tokens))
+    arrive(fleet, loop, "late", 0.0500, 500)  # lands inside decode step 5 (0.048..0.058)
+    loop.run()
+    late = next(r for r in fleet.metrics.records if r.request_id == "late")
+    # joins at 0.058: 8 prefill tokens + 1 decode token of compute beat the 10 ms step
+    assert late.first_token_s == pytest.approx(0.058 + 0.010)
+
+
+def test_kv_events_reach_the_router_after_the_delay() -> None:
+    fleet, router, loop = make_fleet(num_replicas=1, event_delay_s=0.5)
+    arrive(fleet, loop, "a", 0.0, 1)
+    loop.run()
+    stored = [(t, rid) for t, rid, e in router.applied if isinstance(e, BlockStored)]
+    assert stored == [(0.5, "r0")]
+
+
+def test_lost_event_batches_never_arrive() -> None:
+    fleet, router, loop = make_fleet(num_replicas=1, event_loss=1.0)
+    arrive(fleet, loop, "a", 0.0, 1)
+    loop.run()
+    assert router.applied == []
+
+
+def test_a_failed_replica_hands_its_requests_to_the_others() -> None:
+    fleet, router, loop = make_fleet(num_replicas=2, outages=(Outage(0, 0.004, 1.0),))
+    arrive(fleet, loop, "a", 0.0, 1)  # r0, dies half way through its prefill
+    arrive(fleet, loop, "b", 0.0, 100)  # r1
+    arrive(fleet, loop, "c", 2.0, 200)  # r0 is back (but not its turn)
+    loop.run()
+    records = {r.request_id: r for r in fleet.metrics.records}
+    assert router.chosen == ["r0", "r1", "r1", "r1"]  # the round-robin counter runs on
+    assert records["a"].arrival_s == 0.0
+    assert records["a"].first_token_s > 0.008  # restarted on r1 behind b
+    assert any(isinstance(e, AllBlocksCleared) and rid == "r0" for _, rid, e in router.applied)
+    assert records["c"].first_token_s == pytest.approx(2.008)
+
+
+def test_requests_wait_while_every_replica_is_down() -> None:
+    fleet, _, loop = make_fleet(num_replicas=1, outages=(Outage(0, 0.0, 1.0),))
+    arrive(fleet, loop, "a", 0.5, 1)
+    loop.run()
+    (record,) = fleet.metrics.records
+    assert record.arrival_s == 0.5 and record.first_token_s == pytest.approx(1.008)
+
+
+def test_disaggregated_requests_move_to_a_decode_replica() -> None:
+    fleet, _, loop = make_fleet(num_replicas=1, num_decode_replicas=1)
+    arrive(fleet, loop, "a", 0.0, 1)
+    loop.run()
+    (record,) = fleet.metrics.records
+    assert record.first_token_s == pytest.approx(0.008)
+    # 8 ms of KV transfer, then tokens 2 and 3 on the decode replica
+    assert record.finish_s == pytest.approx(0.008 + 0.008 + 0.020)
+    assert record.prefill_tokens == 8
