@@ -16,15 +16,20 @@ from dataclasses import dataclass, field
 
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
-from kvtide.core.events import AllBlocksCleared, KVEvent
+from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes
 from kvtide.engine.scheduler import Batch, EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import FleetSample, MetricsCollector
-from kvtide.sim.placeholder_routing import ReplicaState, RoutingPolicy
-from kvtide.types import ReplicaId, Request, Tier
+from kvtide.sim.placeholder_routing import (
+    IndexStore,
+    ReplicaState,
+    RouteRequest,
+    RoutingPolicy,
+)
+from kvtide.types import Request, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,15 @@ class FleetConfig:
                 raise ConfigError("an outage must end after it starts")
 
 
+@dataclass(frozen=True, slots=True)
+class _Flight:
+    """A routed request the router has not heard the end of."""
+
+    route: RouteRequest
+    replica: Replica
+    prefill_tokens: int
+
+
 class Replica:
     """One engine and its cache, plus the iteration in flight."""
 
@@ -77,7 +91,11 @@ class Replica:
         self.index = index
         self.engine = engine
         self.cache = cache
-        self.state = ReplicaState(ReplicaId(f"r{index}"))
+        self.state = ReplicaState(
+            f"r{index}",
+            capacity_blocks=cache.capacity_blocks,
+            block_tokens=cache.config.block_tokens,
+        )
         self.is_healthy = True
         self.batch: Batch | None = None
         self.steps = 0  # steps of ``batch`` that will have run when its completion fires
@@ -89,6 +107,7 @@ class Fleet:
         self,
         config: FleetConfig,
         router: RoutingPolicy,
+        index: IndexStore | None,
         timer: IterationTimer,
         loop: EventLoop,
         *,
@@ -98,6 +117,7 @@ class Fleet:
     ) -> None:
         self.config = config
         self.router = router
+        self.index = index
         self.loop = loop
         self.clock: ManualClock = loop.clock
         self.hasher = hasher
@@ -122,6 +142,8 @@ class Fleet:
         ]
         self._prefill_records: dict[str, RequestRecord] = {}
         self._requests_by_id: dict[str, Request] = {}
+        self._flights: dict[str, _Flight] = {}
+        self._by_id = {r.state.replica_id: r for r in self.replicas}
         for outage in config.outages:
             loop.at(outage.start_s, self._fail, self.replicas[outage.replica])
             if outage.end_s is not None:
@@ -146,20 +168,30 @@ class Fleet:
     def submit(self, request: Request, arrival_s: float | None = None) -> None:
         """Routes ``request`` now and queues it on the chosen replica."""
         healthy = [r.state for r in self.replicas if r.is_healthy]
-        if not healthy:
+        if not healthy:  # held until a replica recovers
             self.unserved.append(request)
             return
-        decision = self.router.choose(request, healthy)
-        replica = self.replicas[int(decision.replica_id[1:])]
         hashes = self.hasher(request)
+        route = RouteRequest(
+            block_hashes=hashes,
+            prompt_tokens=request.prompt_tokens,
+            block_tokens=self.config.block_tokens,
+            request_id=request.request_id,
+            tenant=request.tenant,
+            session_id=request.session_id,
+            output_tokens=request.output_tokens,
+        )
+        decision = self.router.choose(route, healthy)
+        self.router.on_dispatch(route, decision)
+        replica = self._by_id[decision.replica]
+        prefill_tokens = max(request.prompt_tokens - decision.cached_tokens, 0)
+        replica.state.dispatch(prefill_tokens)
+        self._flights[request.request_id] = _Flight(route, replica, prefill_tokens)
+        if self.decoders:
+            self._requests_by_id[request.request_id] = request
         replica.engine.add(
             request, hashes, arrival_s=request.arrival_s if arrival_s is None else arrival_s
         )
-        if self.decoders:
-            self._requests_by_id[request.request_id] = request
-        state = replica.state
-        state.outstanding_requests += 1
-        state.outstanding_prefill_tokens += request.prompt_tokens
         self._kick(replica)
 
     def _kick(self, replica: Replica) -> None:
@@ -190,24 +222,33 @@ class Fleet:
         batch = replica.batch
         replica.batch = None
         records = replica.engine.complete(batch, replica.steps)
-        self._first_tokens(replica, batch)
+        self._progress(replica, batch, replica.steps)
         for record in records:
             self._finished(replica, record)
         self._forward_events(replica)
         self._kick(replica)
 
-    def _first_tokens(self, replica: Replica, batch: Batch) -> None:
-        """Gateway-side accounting: a request's prefill is done once its first token is out."""
+    def _progress(self, replica: Replica, batch: Batch, steps: int) -> None:
+        """What a gateway sees of the batch: first tokens coming back, decode streaming."""
+        if replica.index >= self.config.num_replicas:
+            return
         state = replica.state
+        flights = self._flights
         for seq, _ in batch.prefill:
             if seq.num_computed >= seq.num_target and seq.num_generated == 1:
-                state.outstanding_prefill_tokens -= seq.request.prompt_tokens
+                flight = flights[seq.request.request_id]
+                state.prefill_done(flight.prefill_tokens, seq.request.prompt_tokens + 1)
+        if batch.decode:
+            state.decode_progress(len(batch.decode) * steps)
 
     def _finished(self, replica: Replica, record: RequestRecord) -> None:
         if replica.index >= self.config.num_replicas:  # a decode replica
             self._finish_decode(record)
             return
-        replica.state.outstanding_requests -= 1
+        flight = self._flights.pop(record.request_id)
+        context = record.prompt_tokens + (1 if self.decoders else record.output_tokens)
+        replica.state.complete(context)
+        self.router.on_complete(flight.route, replica.state.replica_id)
         if not self.decoders:
             self.metrics.record(record)
             return
@@ -251,21 +292,20 @@ class Fleet:
 
     def _forward_events(self, replica: Replica) -> None:
         events = replica.engine.take_events()
-        if not events or replica.index >= self.config.num_replicas:
+        if not events or self.index is None or replica.index >= self.config.num_replicas:
             return
         cfg = self.config
         if cfg.event_loss and self.rng.random() < cfg.event_loss:
             return
         if cfg.event_delay_s:
-            self.loop.at(
-                self.clock.now() + cfg.event_delay_s, self._deliver, (replica.state, events)
-            )
+            self.loop.at(self.clock.now() + cfg.event_delay_s, self._deliver, (replica, events))
         else:
-            self.router.apply(replica.state.replica_id, events)
+            self._deliver((replica, events))
 
-    def _deliver(self, arg: tuple[ReplicaState, list[KVEvent]]) -> None:
-        state, events = arg
-        self.router.apply(state.replica_id, events)
+    def _deliver(self, arg: tuple[Replica, list[KVEvent]]) -> None:
+        replica, events = arg
+        if self.index is not None and replica.is_healthy:
+            self.index.apply_all(replica.state.replica_id, events)
 
     # --- failures -------------------------------------------------------------------------
 
@@ -273,22 +313,26 @@ class Fleet:
         if not replica.is_healthy:
             return
         replica.is_healthy = False
-        replica.state.is_healthy = False
         replica.batch = None
         replica.generation += 1
         seqs = replica.engine.drain()
         replica.cache.clear()
-        replica.cache.take_events()  # a dead replica publishes nothing...
-        # ...its health check failing is what tells the router to forget its blocks.
-        self.router.apply(replica.state.replica_id, [AllBlocksCleared()])
-        replica.state.outstanding_requests = 0
-        replica.state.outstanding_prefill_tokens = 0
+        replica.cache.take_events()  # a dead replica publishes nothing: its failed health
+        if self.index is not None:  # check is what makes the router forget its blocks
+            self.index.clear_replica(replica.state.replica_id)
+        state = replica.state
+        state.healthy = False
+        for seq in seqs:
+            flight = self._flights.pop(seq.request.request_id)
+            self.router.on_complete(flight.route, state.replica_id)
+        state.num_requests = state.queued_prefill_tokens = 0
+        state.decode_sequences = state.decode_tokens = 0
         for seq in seqs:
             self.submit(seq.request, seq.arrival_s)
 
     def _recover(self, replica: Replica) -> None:
         replica.is_healthy = True
-        replica.state.is_healthy = True
+        replica.state.healthy = True
         stranded, self.unserved = self.unserved, []
         for request in stranded:
             self.submit(request)

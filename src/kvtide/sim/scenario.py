@@ -197,10 +197,11 @@ def run(
         num_decode_replicas=scenario.decode_replicas,
         sample_interval_s=span_s / NUM_WINDOWS,
     )
-    router = make_router(scenario.router, seed=scenario.seed, block_tokens=block_tokens)
+    router, index = make_router(scenario.router, seed=scenario.seed)
     fleet = Fleet(
         config,
         router,
+        index,
         IterationTimer.from_cost_model(model),
         loop,
         hasher=hasher,

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pytest
 
 from kvtide.clock import ManualClock
-from kvtide.core.events import AllBlocksCleared, BlockStored, KVEvent
+from kvtide.core.events import BlockStored, KVEvent
 from kvtide.core.hashing import BlockHashes, hash_tokens
 from kvtide.engine.timing import IterationTimer
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
-from kvtide.sim.placeholder_routing import ReplicaState, RoundRobin, RouteDecision
+from kvtide.sim.placeholder_routing import ReplicaState, RoundRobin, RouteDecision, RouteRequest
 from kvtide.types import ReplicaId, Request
 
 BLOCK = 4
@@ -29,19 +29,31 @@ class FlatCost:
 
 
 class RecordingRouter(RoundRobin):
-    def __init__(self, clock: ManualClock) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.clock = clock
-        self.applied: list[tuple[float, ReplicaId, KVEvent]] = []
         self.chosen: list[ReplicaId] = []
+        self.completed: list[tuple[str, ReplicaId]] = []
 
-    def choose(self, request: Request, replicas: Sequence[ReplicaState]) -> RouteDecision:
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
         decision = super().choose(request, replicas)
-        self.chosen.append(decision.replica_id)
+        self.chosen.append(decision.replica)
         return decision
 
-    def apply(self, replica_id: ReplicaId, events: Sequence[KVEvent]) -> None:
-        self.applied.extend((self.clock.now(), replica_id, e) for e in events)
+    def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
+        self.completed.append((request.request_id, replica))
+
+
+class RecordingIndex:
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.applied: list[tuple[float, ReplicaId, KVEvent]] = []
+        self.cleared: list[tuple[float, ReplicaId]] = []
+
+    def apply_all(self, replica: ReplicaId, events: Iterable[KVEvent]) -> None:
+        self.applied.extend((self.clock.now(), replica, e) for e in events)
+
+    def clear_replica(self, replica: ReplicaId) -> None:
+        self.cleared.append((self.clock.now(), replica))
 
 
 def hasher(request: Request) -> BlockHashes:
@@ -49,21 +61,23 @@ def hasher(request: Request) -> BlockHashes:
     return hash_tokens(request.token_ids, BLOCK, seed=3)
 
 
-def make_fleet(**config: object) -> tuple[Fleet, RecordingRouter, EventLoop]:
+def make_fleet(**config: object) -> tuple[Fleet, RecordingRouter, RecordingIndex, EventLoop]:
     clock = ManualClock()
     loop = EventLoop(clock)
-    router = RecordingRouter(clock)
+    router = RecordingRouter()
+    index = RecordingIndex(clock)
     cfg = FleetConfig(capacity_blocks=64, block_tokens=BLOCK, **config)  # type: ignore[arg-type]
     fleet = Fleet(
         cfg,
         router,
+        index,  # type: ignore[arg-type]
         IterationTimer(FlatCost(), 0.0),
         loop,
         hasher=hasher,
         rng=random.Random(0),
         transfer_s=lambda tokens: 0.001 * tokens,
     )
-    return fleet, router, loop
+    return fleet, router, index, loop
 
 
 def arrive(fleet: Fleet, loop: EventLoop, rid: str, at_s: float, first_token: int) -> None:
@@ -73,7 +87,7 @@ def arrive(fleet: Fleet, loop: EventLoop, rid: str, at_s: float, first_token: in
 
 
 def test_requests_spread_and_finish_with_exact_times() -> None:
-    fleet, router, loop = make_fleet(num_replicas=2)
+    fleet, router, _index, loop = make_fleet(num_replicas=2)
     arrive(fleet, loop, "a", 0.0, 1)
     arrive(fleet, loop, "b", 0.0, 100)
     loop.run()
@@ -84,7 +98,7 @@ def test_requests_spread_and_finish_with_exact_times() -> None:
 
 
 def test_a_new_arrival_cuts_a_decode_run_at_the_next_step() -> None:
-    fleet, _, loop = make_fleet(num_replicas=1)
+    fleet, _, _, loop = make_fleet(num_replicas=1)
     tokens = np.arange(1, 9, dtype=np.int32)
     loop.at(0.0, fleet.submit, Request("long", 0.0, 8, 100, BLOCK, token_ids=tokens))
     arrive(fleet, loop, "late", 0.0500, 500)  # lands inside decode step 5 (0.048..0.058)
@@ -95,22 +109,22 @@ def test_a_new_arrival_cuts_a_decode_run_at_the_next_step() -> None:
 
 
 def test_kv_events_reach_the_router_after_the_delay() -> None:
-    fleet, router, loop = make_fleet(num_replicas=1, event_delay_s=0.5)
+    fleet, _router, index, loop = make_fleet(num_replicas=1, event_delay_s=0.5)
     arrive(fleet, loop, "a", 0.0, 1)
     loop.run()
-    stored = [(t, rid) for t, rid, e in router.applied if isinstance(e, BlockStored)]
+    stored = [(t, rid) for t, rid, e in index.applied if isinstance(e, BlockStored)]
     assert stored == [(0.5, "r0")]
 
 
 def test_lost_event_batches_never_arrive() -> None:
-    fleet, router, loop = make_fleet(num_replicas=1, event_loss=1.0)
+    fleet, _router, index, loop = make_fleet(num_replicas=1, event_loss=1.0)
     arrive(fleet, loop, "a", 0.0, 1)
     loop.run()
-    assert router.applied == []
+    assert index.applied == []
 
 
 def test_a_failed_replica_hands_its_requests_to_the_others() -> None:
-    fleet, router, loop = make_fleet(num_replicas=2, outages=(Outage(0, 0.004, 1.0),))
+    fleet, router, index, loop = make_fleet(num_replicas=2, outages=(Outage(0, 0.004, 1.0),))
     arrive(fleet, loop, "a", 0.0, 1)  # r0, dies half way through its prefill
     arrive(fleet, loop, "b", 0.0, 100)  # r1
     arrive(fleet, loop, "c", 2.0, 200)  # r0 is back (but not its turn)
@@ -119,12 +133,13 @@ def test_a_failed_replica_hands_its_requests_to_the_others() -> None:
     assert router.chosen == ["r0", "r1", "r1", "r1"]  # the round-robin counter runs on
     assert records["a"].arrival_s == 0.0
     assert records["a"].first_token_s > 0.008  # restarted on r1 behind b
-    assert any(isinstance(e, AllBlocksCleared) and rid == "r0" for _, rid, e in router.applied)
+    assert index.cleared == [(0.004, "r0")]
+    assert ("a", "r0") in router.completed  # the router hears that a left r0
     assert records["c"].first_token_s == pytest.approx(2.008)
 
 
 def test_requests_wait_while_every_replica_is_down() -> None:
-    fleet, _, loop = make_fleet(num_replicas=1, outages=(Outage(0, 0.0, 1.0),))
+    fleet, _, _, loop = make_fleet(num_replicas=1, outages=(Outage(0, 0.0, 1.0),))
     arrive(fleet, loop, "a", 0.5, 1)
     loop.run()
     (record,) = fleet.metrics.records
@@ -132,7 +147,7 @@ def test_requests_wait_while_every_replica_is_down() -> None:
 
 
 def test_disaggregated_requests_move_to_a_decode_replica() -> None:
-    fleet, _, loop = make_fleet(num_replicas=1, num_decode_replicas=1)
+    fleet, _, _, loop = make_fleet(num_replicas=1, num_decode_replicas=1)
     arrive(fleet, loop, "a", 0.0, 1)
     loop.run()
     (record,) = fleet.metrics.records
