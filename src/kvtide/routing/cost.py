@@ -1,0 +1,171 @@
+"""``cost``: route to the smallest estimated time to first token, in seconds.
+
+TTFT(replica) = queue wait (its queued prefill tokens at the prefill rate)
+              + the prompt's own prefill given what that replica holds: device-tier blocks are
+                free, host/disk blocks are reloaded or recomputed, whichever is sooner
+                (overlapped layer by layer, as the cost model's ``onboard_time``).
+Guard rails, so that router replicas without a coordinator agree and no replica melts:
+- a hard bounded-load cap (a replica at ceil((1+eps) x average) requests is not eligible);
+- a cold prefix (no replica holds ``min_cached_blocks``) goes where ``chash`` sends it;
+- a hot prefix, whose requests in flight exceed one replica's share of all requests in flight,
+  is spread over the ceil(its load / share) replicas of highest rendezvous weight for its key;
+- while the index health says the index is wrong, everything goes where ``chash`` sends it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kvtide.errors import ConfigError
+from kvtide.routing.chash import (
+    RingCache,
+    bounded_choice,
+    prefix_key,
+    rendezvous_top,
+    tie_break,
+)
+from kvtide.routing.decision import RouteDecision
+from kvtide.routing.index import PrefixMatch
+from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon, load_cap
+from kvtide.routing.replica import ReplicaState
+from kvtide.routing.request import RouteRequest
+from kvtide.routing.ttft import TtftModel
+from kvtide.types import ReplicaId, Tier
+
+
+def service_time(
+    model: TtftModel, prompt_tokens: int, block_tokens: int, blocks: tuple[int, int, int]
+) -> float:
+    """Seconds to make a prompt resident and prefilled when its first ``blocks`` =
+    (device, host, disk) blocks are held in those tiers."""
+    d, h, k = blocks
+    dt = min(d * block_tokens, prompt_tokens)
+    lower = min((h + k) * block_tokens, prompt_tokens - dt)
+    new = prompt_tokens - dt - lower
+    if lower == 0:
+        return model.prefill_time(new, dt)
+    load_s = 0.0
+    ht = min(h * block_tokens, lower)
+    if ht:
+        load_s += model.onboard_time(ht, ht, 0, Tier.HOST)
+    if lower - ht:
+        load_s += model.onboard_time(lower - ht, lower - ht, 0, Tier.DISK)
+    with_reload = max(load_s, model.prefill_time(new, dt + lower))
+    recompute = model.prefill_time(new + lower, dt)
+    return min(with_reload, recompute)
+
+
+class CostAware(BasePolicy):
+    name = "cost"
+
+    def __init__(
+        self,
+        ctx: RoutingContext,
+        epsilon: float = 0.25,
+        key_blocks: int = 16,
+        vnodes: int = 160,
+        min_cached_blocks: int = 1,
+        hot_replication: bool = True,
+    ) -> None:
+        super().__init__(ctx)
+        self.epsilon = check_epsilon(epsilon)
+        if key_blocks < 1 or min_cached_blocks < 1:
+            raise ConfigError("key_blocks and min_cached_blocks must be >= 1")
+        self.key_blocks = int(key_blocks)
+        self.min_cached_blocks = int(min_cached_blocks)
+        self.hot_replication = bool(hot_replication)
+        self.rings = RingCache(int(vnodes))
+        self.index = ctx.require_index(self.name)
+        self.model = ctx.ttft_model
+        self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
+        self._inflight: dict[int, int] = {}  # prefix key -> requests in flight
+
+    def prefix_match(self, request: RouteRequest) -> PrefixMatch:
+        if request.prefix_match is not None:
+            return request.prefix_match
+        return self.index.match(request.block_hashes)
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
+        cands = self.healthy(replicas)
+        key = prefix_key(request, self.key_blocks)
+        if not self.ctx.health.is_trusted:
+            return self._hashed(cands, key, "fallback")
+        match = self.prefix_match(request)
+        if match.max_blocks < self.min_cached_blocks:
+            return self._hashed(cands, key, "cold")
+        cap = load_cap(cands, self.epsilon)
+        eligible = [r for r in cands if r.num_requests < cap]
+        reason = "affinity"
+        if self.hot_replication and len(cands) > 1:
+            spread = self._spread(cands, eligible, key)
+            if spread is not None:
+                eligible, reason = spread, "hot"
+        return self._cheapest(request, eligible, match, key, reason)
+
+    def _spread(
+        self, cands: list[ReplicaState], eligible: list[ReplicaState], key: int
+    ) -> list[ReplicaState] | None:
+        share = (sum(r.num_requests for r in cands) + 1) / len(cands)
+        load = self._inflight.get(key, 0) + 1
+        if load <= share or share < 1.0:
+            return None
+        k = min(len(cands), math.ceil(load / share))
+        chosen = set(rendezvous_top(key, [r.replica_id for r in cands], k))
+        spread = [r for r in eligible if r.replica_id in chosen]
+        return spread or None
+
+    def _cheapest(
+        self,
+        request: RouteRequest,
+        eligible: list[ReplicaState],
+        match: PrefixMatch,
+        key: int,
+        reason: str,
+    ) -> RouteDecision:
+        bt = request.block_tokens
+        p = request.prompt_tokens
+        rate = self.prefill_tokens_per_s
+        memo: dict[tuple[int, int, int], float] = {}
+        best: list[ReplicaState] = []
+        best_s = math.inf
+        best_blocks = (0, 0, 0)
+        for r in eligible:
+            blocks = match.tier_blocks(r.replica_id)
+            service_s = memo.get(blocks)
+            if service_s is None:
+                service_s = memo[blocks] = service_time(self.model, p, bt, blocks)
+            ttft_s = r.queued_prefill_tokens / rate + service_s
+            if ttft_s < best_s:
+                best_s, best, best_blocks = ttft_s, [r], blocks
+            elif ttft_s == best_s:
+                best.append(r)
+        chosen = best[0] if len(best) == 1 else tie_break(key, best)
+        cached = sum(best_blocks)
+        return RouteDecision(
+            chosen.replica_id,
+            self.name,
+            reason,
+            cached_blocks=cached,
+            cached_tokens=min(cached * bt, p),
+            onboard_blocks=best_blocks[1] + best_blocks[2],
+            queue_tokens=chosen.queued_prefill_tokens,
+            ttft_s=best_s,
+            score=best_s,
+        )
+
+    def _hashed(self, cands: list[ReplicaState], key: int, reason: str) -> RouteDecision:
+        r, _ = bounded_choice(self.rings.ring(cands), key, cands, self.epsilon)
+        return RouteDecision(r.replica_id, self.name, reason, queue_tokens=r.queued_prefill_tokens)
+
+    def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
+        key = prefix_key(request, self.key_blocks)
+        self._inflight[key] = self._inflight.get(key, 0) + 1
+
+    def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
+        key = prefix_key(request, self.key_blocks)
+        left = self._inflight.get(key, 0) - 1
+        if left > 0:
+            self._inflight[key] = left
+        else:
+            self._inflight.pop(key, None)
