@@ -153,3 +153,13 @@ def test_coefficients_validate_and_round_trip() -> None:
         Coefficients(iteration_overhead_s=-1.0)
     with pytest.raises(ConfigError, match="must be an integer"):
         Coefficients.from_dict({"chunk_tokens": 2.5})
+
+
+def test_a_short_prefill_is_memory_bound() -> None:
+    cost = model(coefficients=IDEAL)
+    weights = cost.model.num_params * 2
+    # One token after 4095 cached: every weight and the 4096 tokens' KV are read once.
+    expected = (weights + 4096 * 131072) / 3.35e12
+    assert cost.prefill_time(1, 4095) == pytest.approx(expected)
+    assert cost.prefill_memory_time(1, 4095) > cost.prefill_compute_time(1, 4095)
+    assert cost.prefill_compute_time(8192, 0) > cost.prefill_memory_time(8192, 0)
