@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import platform
 import statistics
@@ -445,7 +446,7 @@ class TorchRunner:
         """Median seconds of ``repeats`` runs after one warm-up."""
         run()
         self._sync()
-        samples = []
+        samples: list[float] = []
         for _ in range(self.config.repeats):
             if self.is_cuda:
                 start = self.torch.cuda.Event(enable_timing=True)
@@ -454,7 +455,7 @@ class TorchRunner:
                 run()
                 end.record()
                 end.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3)
+                samples.append(float(start.elapsed_time(end)) / 1e3)
             else:
                 began = time.perf_counter()
                 run()
@@ -492,6 +493,7 @@ class TorchRunner:
     ) -> Callable[[], None]:
         """Runs ``second`` on the copy stream while ``first`` runs on the current stream."""
         torch, stream = self.torch, self.copy_stream
+        assert stream is not None
 
         def both() -> None:
             current = torch.cuda.current_stream(self.device)
@@ -642,7 +644,7 @@ class TorchRunner:
                 plans.append(("split", splits[prefix], True))
             for plan, tokens, overlapped in plans:
                 seconds = self.median_seconds(
-                    lambda p=prefix, t=tokens, o=overlapped: self.onboard(p, t, o)
+                    functools.partial(self.onboard, prefix, tokens, overlapped)
                 )
                 rows.append(OnboardRow(prefix, new, plan, tokens, seconds))
         return rows
@@ -652,7 +654,7 @@ class TorchRunner:
         points = [(n, p) for n in c.prefill_new for p in c.prefill_cached]
         points += [(n, 0) for n in c.memory_new]
         return [
-            PrefillSample(n, p, self.median_seconds(lambda n=n, p=p: self.forward(n, p)))
+            PrefillSample(n, p, self.median_seconds(functools.partial(self.forward, n, p)))
             for n, p in points
         ]
 
