@@ -49,3 +49,28 @@ def test_decision_is_never_slower_than_reload_recompute_or_a_sampled_split(
     assert decision.time_s == cost.onboard_time(cached, decision.reload_tokens, new, tier, load)
     for k in {0, cached, cached // 3, cached // 2, (3 * cached) // 4}:
         assert decision.time_s <= cost.onboard_time(cached, k, new, tier, load) * (1 + 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cost_models,
+    tiers,
+    st.integers(0, 20_000),
+    st.integers(1, 512),
+    loads,
+    st.sampled_from([16, 512]),
+)
+def test_block_aligned_splits_are_the_best_block_aligned_plan(
+    cost: CostModel, tier: Tier, cached: int, new: int, load: float, block: int
+) -> None:
+    decision = cost.decide_onboard(
+        cached, tier, new, load, block_tokens=block, with_break_even=False
+    )
+    if decision.split_reload_tokens:
+        assert decision.split_reload_tokens % block == 0
+    splits = range(block, cached, block)
+    best = min(
+        [decision.recompute_s, decision.reload_s]
+        + [cost.onboard_time(cached, k, new, tier, load) for k in splits]
+    )
+    assert decision.time_s <= best * (1 + 1e-12)

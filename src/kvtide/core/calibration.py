@@ -64,10 +64,42 @@ def fit_prefill(cost: CostModel, rows: Sequence[PrefillSample]) -> PrefillFit:
     Linear in (overhead, 1/eff, α/eff); fitted on relative error (each row weighted by 1/seconds,
     since rows span orders of magnitude), with non-negative terms: every subset of the terms
     containing the linear one is solved, and the best feasible fit kept (exact non-negative
-    least squares for three unknowns). Other coefficients are kept from ``cost``.
+    least squares for three unknowns). Rows the model calls memory-bound carry no information
+    on these terms: they are left out of the fit (re-decided with the fitted coefficients until
+    the set settles) but counted in the reported error. Other coefficients are kept from
+    ``cost``.
     """
     if len(rows) < 3:
         raise ConfigError(f"calibration needs at least 3 rows, got {len(rows)}")
+    fitted = cost
+    used = _compute_bound(cost, rows)
+    for _ in range(5):
+        coefficients = _fit_compute_bound(
+            [r for r, keep in zip(rows, used, strict=True) if keep], cost
+        )
+        fitted = replace(cost, coefficients=coefficients)
+        settled = _compute_bound(fitted, rows)
+        if settled == used:
+            break
+        used = settled
+    predicted = [fitted.prefill_time(r.new_tokens, r.cached_tokens) for r in rows]
+    return PrefillFit(fitted.coefficients, fit_error(predicted, [r.seconds for r in rows]))
+
+
+def _compute_bound(cost: CostModel, rows: Sequence[PrefillSample]) -> list[bool]:
+    return [
+        cost.prefill_compute_time(r.new_tokens, r.cached_tokens)
+        >= cost.prefill_memory_time(r.new_tokens, r.cached_tokens)
+        for r in rows
+    ]
+
+
+def _fit_compute_bound(rows: Sequence[PrefillSample], cost: CostModel) -> Coefficients:
+    if len(rows) < 3:
+        raise ConfigError(
+            f"calibration needs at least 3 compute-bound rows, got {len(rows)}: "
+            "use prefills of a few hundred tokens or more"
+        )
     peak = cost.gpu.bf16_flops_per_s * cost.tp
     design = np.array(
         [
@@ -105,15 +137,12 @@ def fit_prefill(cost: CostModel, rows: Sequence[PrefillSample]) -> PrefillFit:
     if best is None:
         raise ConfigError("calibration found no fit with positive matmul time")
     overhead, per_flop, attention_per_flop = (float(x) for x in best[1])
-    coefficients = replace(
+    return replace(
         cost.coefficients,
         prefill_efficiency=1.0 / per_flop,
         attention_coefficient=attention_per_flop / per_flop,
         iteration_overhead_s=overhead,
     )
-    fitted = replace(cost, coefficients=coefficients)
-    predicted = [fitted.prefill_time(r.new_tokens, r.cached_tokens) for r in rows]
-    return PrefillFit(coefficients, fit_error(predicted, list(seconds)))
 
 
 def fit_transfer(rows: Sequence[tuple[float, float]]) -> TransferFit:

@@ -179,19 +179,36 @@ class CostModel:
         """Seconds to prefill ``new_tokens`` tokens whose first ``cached_tokens`` of context are
         already in GPU memory; 0 when there is nothing to compute.
 
-        (linear FLOPs + attention coefficient · attention FLOPs) / (tp · peak · efficiency)
-        + one iteration overhead. Tensor-parallel all-reduce time is not modelled separately;
-        calibration folds it into the efficiency.
+        One iteration overhead plus a roofline: the slower of `prefill_compute_time` and
+        `prefill_memory_time`. Long prefills are compute-bound; a few tokens are memory-bound
+        (every weight is read once whatever the token count).
         """
         _check_count("new_tokens", new_tokens)
         _check_count("cached_tokens", cached_tokens)
         if new_tokens == 0:
             return 0.0
+        return self.coefficients.iteration_overhead_s + max(
+            self.prefill_compute_time(new_tokens, cached_tokens),
+            self.prefill_memory_time(new_tokens, cached_tokens),
+        )
+
+    def prefill_compute_time(self, new_tokens: int, cached_tokens: int) -> float:
+        """(linear FLOPs + attention coefficient · attention FLOPs) / (tp · peak · efficiency).
+
+        Tensor-parallel all-reduce time is not modelled separately; calibration folds it into
+        the efficiency.
+        """
         c = self.coefficients
         flops = self.linear_flops(new_tokens) + c.attention_coefficient * self.attention_flops(
             new_tokens, cached_tokens
         )
-        return c.iteration_overhead_s + flops / self._flops_per_s
+        return flops / self._flops_per_s
+
+    def prefill_memory_time(self, new_tokens: int, cached_tokens: int) -> float:
+        """Weights the tokens touch plus the context's KV, read once from HBM, per rank."""
+        weights = self.model.weight_bytes_read(new_tokens) / self.tp
+        kv = self.kv_bytes(cached_tokens + new_tokens) / self.num_kv_shards
+        return (weights + kv) / (self.gpu.hbm_bytes_per_s * self.coefficients.memory_efficiency)
 
     def prefill_tokens_per_s(self, prompt_tokens: int = 4096) -> float:
         """Prefill throughput of one ``prompt_tokens``-token prompt from scratch, tokens/s."""

@@ -19,6 +19,8 @@ from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvtide.core.cost_model import CostModel
 
 # The prefix break-even is scanned at this many lengths per doubling, up to this many tokens.
@@ -85,9 +87,10 @@ def decide_onboard(
 
     A split reloads a whole number of ``block_tokens`` blocks. The best split is exact under
     the model: the load time grows and the compute time shrinks with the split point k, and
-    the plan's time is concave in k between breakpoints (the chunk-size kink, and where load
-    and compute cross, found by bisection), so the optimum is a block next to a breakpoint or
-    an end. ``with_break_even=False`` skips the prefix-length scan (the costly part).
+    the plan's time is concave in k between breakpoints (the chunk-size kink, where load and
+    compute cross, and where compute turns memory-bound, the last two found by bisection), so
+    the optimum is a block next to a breakpoint or an end. ``with_break_even=False`` skips the
+    prefix-length scan (the costly part).
     """
     cached, new = cached_tokens_in_tier, new_tokens
     if cached < 0 or new < 0:
@@ -141,22 +144,18 @@ def _best_split(
     def compute_s(k: int) -> float:
         return cost.prefill_time(cached - k + new, k)
 
-    # Largest k whose load still fits under its compute (load rises, compute falls with k).
-    if load_s(lo) > compute_s(lo):
-        cross = lo - 1
-    else:
-        left, right = lo, hi
-        while left < right:
-            mid = (left + right + 1) // 2
-            if load_s(mid) <= compute_s(mid):
-                left = mid
-            else:
-                right = mid - 1
-        cross = left
-    # Beyond one chunk of tokens the number of copies grows with k: the load time kinks there.
+    def flops_bound(k: int) -> bool:
+        n = cached - k + new
+        return cost.prefill_compute_time(n, k) >= cost.prefill_memory_time(n, k)
+
+    # Where load and compute cross (load rises, compute falls with k), where the compute side
+    # leaves the compute-bound part of its roofline, and where the load time kinks (beyond one
+    # chunk of tokens the number of copies grows with k).
+    cross = _last_true(lambda k: load_s(k) <= compute_s(k), lo, hi)
+    roof = _last_true(flops_bound, lo, hi)
     kink = cost.coefficients.chunk_tokens
     candidates: set[int] = set()
-    for point in (first, last, cross, cross + 1, kink):
+    for point in (first, last, cross, cross + 1, roof, roof + 1, kink):
         below = (point // block_tokens) * block_tokens
         candidates.update((below, below + block_tokens))
     best = min(
@@ -165,6 +164,20 @@ def _best_split(
         if first <= k <= last
     )
     return best[1], best[0]
+
+
+def _last_true(predicate: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest k in [lo, hi] with predicate(k), for a predicate true then false; lo − 1
+    if it is false at lo."""
+    if not predicate(lo):
+        return lo - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if predicate(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def break_even_bytes_per_s(cost: CostModel, cached: int, tier: Tier, new: int = 0) -> float | None:

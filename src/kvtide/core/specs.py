@@ -124,19 +124,21 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_heads * (self.head_dim + self.v_head_dim)
 
     def weight_bytes_read(self, batch: int) -> float:
-        """Weight bytes one decode step of ``batch`` sequences reads from HBM (whole model).
+        """Weight bytes one forward pass over ``batch`` tokens reads from HBM (whole model).
 
-        Dense models read every weight. A mixture-of-experts step reads the shared weights and
+        Every weight is read once, except an untied input embedding, of which only the looked-up
+        rows are read (counted as none). A mixture-of-experts pass reads the shared weights and
         each routed expert that at least one token picks; with uniform routing of k of E experts,
         the expected number touched is E·(1 − (1 − k/E)^batch).
         """
-        if not self.num_experts:
-            return self.num_params * self.weight_bytes_per_param
-        e, k = self.num_experts, self.num_experts_per_token
-        per_expert = (self.num_params - self.num_active_params) / (e - k) if e > k else 0.0
-        shared = self.num_active_params - k * per_expert
-        touched = e * (1.0 - (1.0 - k / e) ** batch)
-        return (shared + touched * per_expert) * self.weight_bytes_per_param
+        untied_input = self.num_embedding_params - self.vocab_size * self.hidden_size
+        read = float(self.num_params - untied_input)
+        if self.num_experts:
+            e, k = self.num_experts, self.num_experts_per_token
+            per_expert = (self.num_params - self.num_active_params) / (e - k) if e > k else 0.0
+            touched = e * (1.0 - (1.0 - k / e) ** batch)
+            read -= (e - touched) * per_expert
+        return read * self.weight_bytes_per_param
 
     @classmethod
     def from_hf_config(

@@ -69,7 +69,22 @@ def test_calibrate_needs_rows_that_separate_the_terms() -> None:
     with pytest.raises(ConfigError, match="at least 3 rows"):
         fit_prefill(start(), [PrefillSample(10, 0, 1.0)])
     with pytest.raises(ConfigError, match="must vary new_tokens"):
-        fit_prefill(start(), [PrefillSample(10, 0, 1.0)] * 5)
+        fit_prefill(start(), [PrefillSample(4096, 0, 1.0)] * 5)
+    with pytest.raises(ConfigError, match="at least 3 compute-bound rows, got 0"):
+        fit_prefill(start(), [PrefillSample(n, 0, 1e-3) for n in (1, 2, 4)])
+
+
+def test_memory_bound_rows_are_reported_but_not_fitted() -> None:
+    truth = CostModel(model_preset("llama-3-8b"), gpu_preset("h200"), coefficients=TRUE)
+    small = [PrefillSample(n, 0, truth.prefill_time(n, 0)) for n in (1, 4, 16)]
+    assert all(
+        truth.prefill_memory_time(r.new_tokens, 0) > truth.prefill_compute_time(r.new_tokens, 0)
+        for r in small
+    )
+    fit = fit_prefill(start(), synthetic_rows(noise=0.0) + small)
+    assert fit.coefficients.prefill_efficiency == pytest.approx(0.62, rel=1e-9)
+    assert fit.error.num_rows == 27
+    assert fit.error.max_error < 1e-9
 
 
 def test_fit_transfer_recovers_latency_and_rate() -> None:

@@ -107,7 +107,7 @@ def test_link_load_outside_zero_one_is_a_config_error() -> None:
 
 def test_decode_is_memory_bound_at_batch_one() -> None:
     cost = model(coefficients=IDEAL)
-    weights = cost.model.num_params * 2
+    weights = (cost.model.num_params - 128256 * 4096) * 2  # the input embedding is a lookup
     kv = 4096 * 131072
     assert cost.decode_step_time(1, 4096) == pytest.approx((weights + kv) / 3.35e12)
     # Large batches become compute-bound: time grows with the batch.
@@ -153,3 +153,13 @@ def test_coefficients_validate_and_round_trip() -> None:
         Coefficients(iteration_overhead_s=-1.0)
     with pytest.raises(ConfigError, match="must be an integer"):
         Coefficients.from_dict({"chunk_tokens": 2.5})
+
+
+def test_a_short_prefill_is_memory_bound() -> None:
+    cost = model(coefficients=IDEAL)
+    weights = (cost.model.num_params - 128256 * 4096) * 2  # the input embedding is a lookup
+    # One token after 4095 cached: every weight and the 4096 tokens' KV are read once.
+    expected = (weights + 4096 * 131072) / 3.35e12
+    assert cost.prefill_time(1, 4095) == pytest.approx(expected)
+    assert cost.prefill_memory_time(1, 4095) > cost.prefill_compute_time(1, 4095)
+    assert cost.prefill_compute_time(8192, 0) > cost.prefill_memory_time(8192, 0)
