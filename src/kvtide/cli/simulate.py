@@ -18,13 +18,14 @@ from rich.table import Table
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
+from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.sim.fleet import Outage
 from kvtide.sim.parallel import run_many
-from kvtide.sim.placeholder_routing import make_router
+from kvtide.sim.policies import build_policy, needs_index
 from kvtide.sim.report import write_report
 from kvtide.sim.scenario import RunResult, Scenario, describe_setup, prepare
 
-DEFAULT_ROUTERS = "round_robin,least_load,random"
+DEFAULT_ROUTERS = "round_robin,least_load,chash,precise,cost"
 DEFAULT_WORKLOAD = "builtin:mixed"
 
 
@@ -214,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
 def validate_names(routers: Sequence[str], eviction: str) -> None:
     """Fails fast, in this process, on a router or eviction policy that does not exist."""
     for name in routers:
-        make_router(name)
+        ctx = RoutingContext(index=GlobalPrefixIndex(16) if needs_index(name) else None)
+        build_policy(name, ctx)
     KVCache(CacheConfig(1, policy=eviction))
 
 

@@ -10,25 +10,30 @@ each request then moves, after its KV transfer, to the least busy decode replica
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
-from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes
 from kvtide.engine.scheduler import Batch, EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
-from kvtide.errors import ConfigError
-from kvtide.sim.loop import EventLoop
-from kvtide.sim.metrics import FleetSample, MetricsCollector
-from kvtide.sim.placeholder_routing import (
+from kvtide.errors import ConfigError, NoHealthyReplica
+from kvtide.routing import (
+    IndexHealth,
     IndexStore,
     ReplicaState,
+    RouteDecision,
     RouteRequest,
     RoutingPolicy,
 )
+from kvtide.routing.faults import LossyDelayedChannel
+from kvtide.routing.ingest import KVEventIngest, snapshot_events
+from kvtide.routing.router import Router
+from kvtide.sim.loop import EventLoop
+from kvtide.sim.metrics import FleetSample, MetricsCollector
 from kvtide.types import Request, Tier
 
 
@@ -52,7 +57,8 @@ class FleetConfig:
     event_delay_s: float = 0.0
     """Seconds from a cache change to the router's index learning of it."""
     event_loss: float = 0.0
-    """Probability that a batch of KV events never reaches the router."""
+    """Probability that a batch of KV events never reaches the router (below 1); the
+    router's ingest notices the sequence gap at the next batch and resyncs the replica."""
     outages: tuple[Outage, ...] = ()
     num_decode_replicas: int = 0
     sample_interval_s: float = 10.0
@@ -60,8 +66,8 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ConfigError("a fleet needs at least one replica")
-        if self.event_delay_s < 0 or not 0.0 <= self.event_loss <= 1.0:
-            raise ConfigError("event delay must be >= 0 and event loss within [0, 1]")
+        if self.event_delay_s < 0 or not 0.0 <= self.event_loss < 1.0:
+            raise ConfigError("event delay must be >= 0 and event loss within [0, 1)")
         if self.num_decode_replicas < 0:
             raise ConfigError("decode replicas must be >= 0")
         if self.sample_interval_s <= 0:
@@ -78,14 +84,23 @@ class _Flight:
     """A routed request the router has not heard the end of."""
 
     route: RouteRequest
-    replica: Replica
-    prefill_tokens: int
+    decision: RouteDecision
 
 
 class Replica:
     """One engine and its cache, plus the iteration in flight."""
 
-    __slots__ = ("batch", "cache", "engine", "generation", "index", "is_healthy", "state", "steps")
+    __slots__ = (
+        "batch",
+        "cache",
+        "engine",
+        "generation",
+        "index",
+        "is_healthy",
+        "state",
+        "steps",
+        "up_since_s",
+    )
 
     def __init__(self, index: int, engine: Scheduler, cache: KVCache) -> None:
         self.index = index
@@ -97,42 +112,45 @@ class Replica:
             block_tokens=cache.config.block_tokens,
         )
         self.is_healthy = True
+        self.up_since_s = 0.0  # events published before this are from a previous life
         self.batch: Batch | None = None
         self.steps = 0  # steps of ``batch`` that will have run when its completion fires
         self.generation = 0  # bumps invalidate a scheduled completion
 
 
 class Fleet:
+    """Replicas, the router in front of them, and the event channel between them.
+
+    ``policy`` is a routing policy object from ``kvtide.routing``; ``index`` the index its
+    context reads (``None`` for cache-blind and self-contained policies), fed through the
+    routing package's own lossy, delayed channel and sequenced ingest. ``health`` receives
+    the cached tokens each engine really reused, so routing regret is measured.
+    """
+
     def __init__(
         self,
         config: FleetConfig,
-        router: RoutingPolicy,
+        policy: RoutingPolicy,
         index: IndexStore | None,
         timer: IterationTimer,
         loop: EventLoop,
         *,
         hasher: Callable[[Request], BlockHashes],
         rng: random.Random,
+        health: IndexHealth | None = None,
         transfer_s: Callable[[int], float] = lambda tokens: 0.0,
     ) -> None:
         self.config = config
-        self.router = router
         self.index = index
         self.loop = loop
         self.clock: ManualClock = loop.clock
         self.hasher = hasher
-        self.rng = rng
         self.transfer_s = transfer_s
         self.metrics = MetricsCollector()
         self.unserved: list[Request] = []
         prefill_engine = config.engine
         if config.num_decode_replicas:
-            prefill_engine = EngineConfig(
-                max_batched_tokens=prefill_engine.max_batched_tokens,
-                max_num_seqs=prefill_engine.max_num_seqs,
-                max_decode_steps=prefill_engine.max_decode_steps,
-                prefill_only=True,
-            )
+            prefill_engine = dataclasses.replace(prefill_engine, prefill_only=True)
         self.replicas = [
             self._make_replica(i, prefill_engine, timer) for i in range(config.num_replicas)
         ]
@@ -140,10 +158,17 @@ class Fleet:
             self._make_replica(config.num_replicas + i, config.engine, timer)
             for i in range(config.num_decode_replicas)
         ]
+        self.router = Router(policy, [r.state for r in self.replicas], health)
+        self.channel = LossyDelayedChannel(
+            rng, delay_s=config.event_delay_s, loss_prob=config.event_loss
+        )
+        self.ingest = (
+            KVEventIngest(index, self.clock, self.router.health) if index is not None else None
+        )
+        self._by_id = {r.state.replica_id: r for r in self.replicas}
+        self._flights: dict[str, _Flight] = {}
         self._prefill_records: dict[str, RequestRecord] = {}
         self._requests_by_id: dict[str, Request] = {}
-        self._flights: dict[str, _Flight] = {}
-        self._by_id = {r.state.replica_id: r for r in self.replicas}
         for outage in config.outages:
             loop.at(outage.start_s, self._fail, self.replicas[outage.replica])
             if outage.end_s is not None:
@@ -166,11 +191,8 @@ class Fleet:
     # --- requests -------------------------------------------------------------------------
 
     def submit(self, request: Request, arrival_s: float | None = None) -> None:
-        """Routes ``request`` now and queues it on the chosen replica."""
-        healthy = [r.state for r in self.replicas if r.is_healthy]
-        if not healthy:  # held until a replica recovers
-            self.unserved.append(request)
-            return
+        """Routes ``request`` now and queues it on the chosen replica; with no healthy
+        replica it waits for one to recover."""
         hashes = self.hasher(request)
         route = RouteRequest(
             block_hashes=hashes,
@@ -181,12 +203,13 @@ class Fleet:
             session_id=request.session_id,
             output_tokens=request.output_tokens,
         )
-        decision = self.router.choose(route, healthy)
-        self.router.on_dispatch(route, decision)
+        try:
+            decision = self.router.route(route)
+        except NoHealthyReplica:
+            self.unserved.append(request)
+            return
         replica = self._by_id[decision.replica]
-        prefill_tokens = max(request.prompt_tokens - decision.cached_tokens, 0)
-        replica.state.dispatch(prefill_tokens)
-        self._flights[request.request_id] = _Flight(route, replica, prefill_tokens)
+        self._flights[request.request_id] = _Flight(route, decision)
         if self.decoders:
             self._requests_by_id[request.request_id] = request
         replica.engine.add(
@@ -207,7 +230,7 @@ class Fleet:
                     self.loop.at(batch.end_s(steps), self._complete, (replica, replica.generation))
             return
         batch = replica.engine.schedule()
-        self._forward_events(replica)
+        self._publish(replica)
         if batch is None:
             return
         replica.batch = batch
@@ -222,33 +245,30 @@ class Fleet:
         batch = replica.batch
         replica.batch = None
         records = replica.engine.complete(batch, replica.steps)
-        self._progress(replica, batch, replica.steps)
+        if replica.index < self.config.num_replicas:
+            self._report_progress(replica, batch, replica.steps)
         for record in records:
             self._finished(replica, record)
-        self._forward_events(replica)
+        self._publish(replica)
         self._kick(replica)
 
-    def _progress(self, replica: Replica, batch: Batch, steps: int) -> None:
-        """What a gateway sees of the batch: first tokens coming back, decode streaming."""
-        if replica.index >= self.config.num_replicas:
-            return
-        state = replica.state
-        flights = self._flights
+    def _report_progress(self, replica: Replica, batch: Batch, steps: int) -> None:
+        """What a gateway sees of an iteration: first tokens (with the engine's reported
+        cached tokens) and streamed decode tokens."""
         for seq, _ in batch.prefill:
             if seq.num_computed >= seq.num_target and seq.num_generated == 1:
-                flight = flights[seq.request.request_id]
-                state.prefill_done(flight.prefill_tokens, seq.request.prompt_tokens + 1)
+                flight = self._flights[seq.request.request_id]
+                self.router.prefill_done(flight.route, flight.decision, seq.hit_tokens)
         if batch.decode:
-            state.decode_progress(len(batch.decode) * steps)
+            replica.state.decode_progress(len(batch.decode) * steps)
 
     def _finished(self, replica: Replica, record: RequestRecord) -> None:
         if replica.index >= self.config.num_replicas:  # a decode replica
             self._finish_decode(record)
             return
         flight = self._flights.pop(record.request_id)
-        context = record.prompt_tokens + (1 if self.decoders else record.output_tokens)
-        replica.state.complete(context)
-        self.router.on_complete(flight.route, replica.state.replica_id)
+        output = 1 if self.decoders else record.output_tokens
+        self.router.complete(flight.route, flight.decision, output)
         if not self.decoders:
             self.metrics.record(record)
             return
@@ -275,13 +295,10 @@ class Fleet:
     def _finish_decode(self, record: RequestRecord) -> None:
         prefill = self._prefill_records.pop(record.request_id)
         self.metrics.record(
-            RequestRecord(
-                request_id=record.request_id,
+            dataclasses.replace(
+                record,
                 arrival_s=prefill.arrival_s,
                 first_token_s=prefill.first_token_s,
-                finish_s=record.finish_s,
-                prompt_tokens=record.prompt_tokens,
-                output_tokens=record.output_tokens,
                 hit_tokens=prefill.hit_tokens,
                 prefill_tokens=prefill.prefill_tokens + record.prefill_tokens,
                 num_preemptions=prefill.num_preemptions + record.num_preemptions,
@@ -290,22 +307,32 @@ class Fleet:
 
     # --- KV events ------------------------------------------------------------------------
 
-    def _forward_events(self, replica: Replica) -> None:
+    def _publish(self, replica: Replica) -> None:
+        """Sends what the replica's cache changed down the (delayed, lossy) event channel."""
         events = replica.engine.take_events()
-        if not events or self.index is None or replica.index >= self.config.num_replicas:
+        if not events or self.ingest is None or replica.index >= self.config.num_replicas:
             return
-        cfg = self.config
-        if cfg.event_loss and self.rng.random() < cfg.event_loss:
-            return
-        if cfg.event_delay_s:
-            self.loop.at(self.clock.now() + cfg.event_delay_s, self._deliver, (replica, events))
+        self.channel.send(replica.state.replica_id, events, self.clock.now())
+        if self.config.event_delay_s:
+            due = self.channel.next_due_s()
+            if due is not None:
+                self.loop.at(due, self._deliver)
         else:
-            self._deliver((replica, events))
+            self._deliver()
 
-    def _deliver(self, arg: tuple[Replica, list[KVEvent]]) -> None:
-        replica, events = arg
-        if self.index is not None and replica.is_healthy:
-            self.index.apply_all(replica.state.replica_id, events)
+    def _deliver(self, _: object = None) -> None:
+        ingest = self.ingest
+        assert ingest is not None
+        for batch in self.channel.deliver(self.clock.now()):
+            replica = self._by_id[batch.replica]
+            if not replica.is_healthy or batch.sent_s < replica.up_since_s:
+                continue  # published before a crash: that cache is gone
+            gap = ingest.receive(batch.replica, batch.seq, batch.events, batch.sent_s)
+            if gap is not None:
+                # The simulator can read the engine's cache: resync from a snapshot of it,
+                # which reflects every batch numbered before the channel's next one.
+                snapshot = snapshot_events(replica.cache)
+                ingest.resync(batch.replica, self.channel.next_seq(batch.replica), snapshot)
 
     # --- failures -------------------------------------------------------------------------
 
@@ -318,13 +345,13 @@ class Fleet:
         seqs = replica.engine.drain()
         replica.cache.clear()
         replica.cache.take_events()  # a dead replica publishes nothing: its failed health
-        if self.index is not None:  # check is what makes the router forget its blocks
-            self.index.clear_replica(replica.state.replica_id)
-        state = replica.state
+        state = replica.state  # check is what makes the router forget its blocks
+        if self.ingest is not None:
+            self.ingest.forget(state.replica_id)
         state.healthy = False
         for seq in seqs:
             flight = self._flights.pop(seq.request.request_id)
-            self.router.on_complete(flight.route, state.replica_id)
+            self.router.cancel(flight.route, flight.decision)
         state.num_requests = state.queued_prefill_tokens = 0
         state.decode_sequences = state.decode_tokens = 0
         for seq in seqs:
@@ -333,6 +360,7 @@ class Fleet:
     def _recover(self, replica: Replica) -> None:
         replica.is_healthy = True
         replica.state.healthy = True
+        replica.up_since_s = self.clock.now()
         stranded, self.unserved = self.unserved, []
         for request in stranded:
             self.submit(request)
@@ -352,7 +380,7 @@ class Fleet:
 
     @property
     def hit_tokens_by_tier(self) -> dict[str, int]:
-        return {Tier.DEVICE.name.lower(): sum(r.engine.stats.hit_tokens for r in self.replicas)}
+        return {Tier.DEVICE.name.lower(): sum(r.hit_tokens for r in self.metrics.records)}
 
     @property
     def busy_s(self) -> Sequence[float]:

@@ -21,10 +21,11 @@ from kvtide.core.specs import gpu_preset, resolve_model
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError
+from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import RunSummary, TimeSeries
-from kvtide.sim.placeholder_routing import make_router
+from kvtide.sim.policies import build_policy, needs_index
 from kvtide.types import Request
 from kvtide.workloads import open_workload
 
@@ -197,15 +198,28 @@ def run(
         num_decode_replicas=scenario.decode_replicas,
         sample_interval_s=span_s / NUM_WINDOWS,
     )
-    router, index = make_router(scenario.router, seed=scenario.seed)
+    index = (
+        GlobalPrefixIndex(scenario.replicas * capacity_blocks)
+        if needs_index(scenario.router)
+        else None
+    )
+    ctx = RoutingContext(
+        block_tokens=block_tokens,
+        clock=clock,
+        rng=random.Random(scenario.seed),
+        index=index,
+        ttft_model=model,
+    )
+    policy = build_policy(scenario.router, ctx)
     fleet = Fleet(
         config,
-        router,
+        policy,
         index,
         IterationTimer.from_cost_model(model),
         loop,
         hasher=hasher,
-        rng=random.Random(scenario.seed),
+        rng=random.Random(scenario.seed + 1),
+        health=ctx.health,
         transfer_s=lambda tokens: network_transfer_s(model, tokens),
     )
     feed = _Feed(iter(requests), fleet, loop)

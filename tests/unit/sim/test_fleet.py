@@ -12,9 +12,10 @@ from kvtide.clock import ManualClock
 from kvtide.core.events import BlockStored, KVEvent
 from kvtide.core.hashing import BlockHashes, hash_tokens
 from kvtide.engine.timing import IterationTimer
+from kvtide.routing import GlobalPrefixIndex, ReplicaState, RouteDecision, RouteRequest
+from kvtide.routing.policies import RoundRobin, RoutingContext
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
-from kvtide.sim.placeholder_routing import ReplicaState, RoundRobin, RouteDecision, RouteRequest
 from kvtide.types import ReplicaId, Request
 
 BLOCK = 4
@@ -30,7 +31,7 @@ class FlatCost:
 
 class RecordingRouter(RoundRobin):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(RoutingContext(block_tokens=BLOCK))
         self.chosen: list[ReplicaId] = []
         self.completed: list[tuple[str, ReplicaId]] = []
 
@@ -61,11 +62,13 @@ def hasher(request: Request) -> BlockHashes:
     return hash_tokens(request.token_ids, BLOCK, seed=3)
 
 
-def make_fleet(**config: object) -> tuple[Fleet, RecordingRouter, RecordingIndex, EventLoop]:
+def make_fleet(
+    index: object = None, **config: object
+) -> tuple[Fleet, RecordingRouter, RecordingIndex, EventLoop]:
     clock = ManualClock()
     loop = EventLoop(clock)
     router = RecordingRouter()
-    index = RecordingIndex(clock)
+    index = index or RecordingIndex(clock)
     cfg = FleetConfig(capacity_blocks=64, block_tokens=BLOCK, **config)  # type: ignore[arg-type]
     fleet = Fleet(
         cfg,
@@ -77,7 +80,7 @@ def make_fleet(**config: object) -> tuple[Fleet, RecordingRouter, RecordingIndex
         rng=random.Random(0),
         transfer_s=lambda tokens: 0.001 * tokens,
     )
-    return fleet, router, index, loop
+    return fleet, router, index, loop  # type: ignore[return-value]
 
 
 def arrive(fleet: Fleet, loop: EventLoop, rid: str, at_s: float, first_token: int) -> None:
@@ -116,11 +119,16 @@ def test_kv_events_reach_the_router_after_the_delay() -> None:
     assert stored == [(0.5, "r0")]
 
 
-def test_lost_event_batches_never_arrive() -> None:
-    fleet, _router, index, loop = make_fleet(num_replicas=1, event_loss=1.0)
-    arrive(fleet, loop, "a", 0.0, 1)
+def test_lost_event_batches_are_noticed_and_resynced() -> None:
+    index = GlobalPrefixIndex(1024)
+    fleet, _, _, loop = make_fleet(index, num_replicas=1, event_loss=0.5)
+    for i in range(40):
+        arrive(fleet, loop, f"q{i}", 0.1 * i, 1 + 1000 * i)
     loop.run()
-    assert index.applied == []
+    assert fleet.ingest is not None
+    counters = fleet.ingest.counters
+    assert counters.gaps > 0 and counters.resyncs == counters.gaps
+    assert fleet.channel.counters.dropped > 0
 
 
 def test_a_failed_replica_hands_its_requests_to_the_others() -> None:
