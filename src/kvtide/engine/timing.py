@@ -1,9 +1,10 @@
 """Iteration time of one engine step from the cost model: prefill chunks, a decode batch, context.
 
-The engine never invents a time of its own: every number comes from the cost model's
-``prefill_time`` and ``decode_step_time``. A run of decode-only iterations is summed in closed
-form (each step reads one more token of KV per sequence, so step times form an arithmetic series
-within one roofline regime), which lets the simulator advance hundreds of steps in one event.
+The engine never invents a time of its own: every number comes from the cost model's compute
+and memory times (``prefill_compute_time``, ``prefill_memory_time``, ``decode_step_time``).
+A run of decode-only iterations is summed in closed form (each step reads one more token of KV
+per sequence, so step times form an arithmetic series within one roofline regime), which lets
+the simulator advance hundreds of steps in one event.
 """
 
 from __future__ import annotations
@@ -17,9 +18,18 @@ from typing import Protocol
 class StepCost(Protocol):
     """The part of ``kvtide.core.cost_model.CostModel`` an engine needs (seconds)."""
 
-    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float: ...
+    def prefill_compute_time(self, new_tokens: int, cached_tokens: int) -> float:
+        """FLOPs of ``new_tokens`` tokens after ``cached_tokens`` of context, in seconds."""
+        ...
 
-    def decode_step_time(self, batch: int, context_tokens: int) -> float: ...
+    def prefill_memory_time(self, new_tokens: int, cached_tokens: int) -> float:
+        """Weights for ``new_tokens`` tokens plus ``cached_tokens + new_tokens`` tokens of KV,
+        read once from HBM, in seconds."""
+        ...
+
+    def decode_step_time(self, batch: int, context_tokens: int) -> float:
+        """One decode step of ``batch`` sequences of ``context_tokens`` each, overhead included."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +73,11 @@ class DecodeRun:
 class IterationTimer:
     """Seconds per engine iteration, built from a cost model.
 
-    A mixed iteration (prefill chunks plus decodes) is compute-bound: its decode tokens cost what
-    one-token prefills at their context cost, and the weights are read once, so the iteration
-    takes the larger of that compute time and the decode batch's own memory-bound step time,
-    plus one fixed iteration overhead.
+    One iteration is one forward pass over every token scheduled in it (prefill chunks and one
+    token per decoding sequence), so it is a roofline over the whole batch: the larger of all
+    tokens' FLOPs and one read of the weights plus every sequence's KV, plus one fixed
+    iteration overhead. A lone chunk costs exactly the cost model's ``prefill_time``, a
+    decode-only batch exactly its ``decode_step_time``.
     """
 
     __slots__ = ("_cost", "overhead_s")
@@ -81,29 +92,31 @@ class IterationTimer:
         overhead = getattr(coefficients, "iteration_overhead_s", 0.0)
         return cls(cost, float(overhead))
 
-    def prefill_s(self, new_tokens: int, cached_tokens: int) -> float:
-        """Compute seconds of one prefill chunk, without the iteration overhead."""
-        if new_tokens <= 0:
-            return 0.0
-        return self._cost.prefill_time(new_tokens, cached_tokens) - self.overhead_s
-
     def iteration_s(
         self, prefill: Sequence[tuple[int, int]], decode_batch: int, decode_context_tokens: int
     ) -> float:
         """One iteration: ``prefill`` chunks as (new, cached) tokens, and ``decode_batch``
-        sequences decoding over ``decode_context_tokens`` tokens of context in total."""
-        ovh = self.overhead_s
-        compute = 0.0
-        for new, cached in prefill:
-            compute += self.prefill_s(new, cached)
-        if decode_batch <= 0:
-            return ovh + compute
-        context = decode_context_tokens // decode_batch
-        memory = self._cost.decode_step_time(decode_batch, context) - ovh
+        sequences decoding over ``decode_context_tokens`` tokens of context in total (each
+        step's new token included)."""
+        cost = self._cost
         if not prefill:
-            return ovh + memory
-        compute += decode_batch * self.prefill_s(1, context)
-        return ovh + max(compute, memory)
+            if decode_batch <= 0:
+                return 0.0
+            return cost.decode_step_time(decode_batch, decode_context_tokens // decode_batch)
+        compute = 0.0
+        tokens = kv = 0
+        for new, cached in prefill:
+            compute += cost.prefill_compute_time(new, cached)
+            tokens += new
+            kv += new + cached
+        if decode_batch > 0:
+            # Attention FLOPs are linear in the context, so the mean context prices them all.
+            context = decode_context_tokens // decode_batch
+            compute += decode_batch * cost.prefill_compute_time(1, max(context - 1, 0))
+            tokens += decode_batch
+            kv += decode_context_tokens
+        memory = cost.prefill_memory_time(tokens, kv - tokens)
+        return self.overhead_s + max(compute, memory)
 
     def decode_run(self, batch: int, context_tokens: int, max_steps: int) -> DecodeRun:
         """Up to ``max_steps`` decode-only iterations of ``batch`` sequences starting at

@@ -16,10 +16,14 @@ BLOCK = 4
 
 
 class FlatCost:
-    """Prefill: 1 ms per new token; decode: 10 ms per step; no overhead."""
+    """Prefill: 1 ms of compute per new token, no memory time; decode: 10 ms per step; no
+    overhead."""
 
-    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
+    def prefill_compute_time(self, new_tokens: int, cached_tokens: int) -> float:
         return 0.001 * new_tokens
+
+    def prefill_memory_time(self, new_tokens: int, cached_tokens: int) -> float:
+        return 0.0
 
     def decode_step_time(self, batch: int, context_tokens: int) -> float:
         return 0.010

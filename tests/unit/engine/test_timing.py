@@ -8,10 +8,14 @@ from kvtide.engine.timing import DecodeRun, IterationTimer
 
 
 class RooflineCost:
-    """Decode step: memory-bound 10 ms + 1 µs per context token, compute-bound above 64."""
+    """Prefill: 1 ms of compute per token; memory: 10 ms of weights + 1 µs per KV token.
+    Decode step: memory-bound, except compute-bound below 64 tokens of context."""
 
-    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
-        return 0.002 + 0.001 * new_tokens
+    def prefill_compute_time(self, new_tokens: int, cached_tokens: int) -> float:
+        return 0.001 * new_tokens
+
+    def prefill_memory_time(self, new_tokens: int, cached_tokens: int) -> float:
+        return 0.010 + 1e-6 * (new_tokens + cached_tokens)
 
     def decode_step_time(self, batch: int, context_tokens: int) -> float:
         memory = 0.010 + 1e-6 * batch * context_tokens
@@ -34,12 +38,14 @@ def test_steps_by_holds_on_flat_runs() -> None:
     assert [run.steps_by(t) for t in (0.001, 0.01, 0.0100001, 0.095)] == [1, 1, 2, 10]
 
 
-def test_iteration_time_adds_chunks_and_one_overhead() -> None:
+def test_an_iteration_is_a_roofline_over_all_its_tokens() -> None:
     timer = IterationTimer(RooflineCost(), 0.002)
     assert timer.iteration_s([(100, 0), (50, 10)], 0, 0) == pytest.approx(0.002 + 0.150)
     assert timer.iteration_s([], 4, 4000) == pytest.approx(0.002 + 0.010 + 0.004)
-    # compute: 100 ms of prefill plus 4 one-token prefills beats the 14 ms memory time
+    # compute: 100 ms of prefill plus 4 decode tokens beats reading weights and 4,100 KV tokens
     assert timer.iteration_s([(100, 0)], 4, 4000) == pytest.approx(0.002 + 0.104)
+    # 5 tokens: one read of the weights and of 10,005 KV tokens beats 5 ms of compute
+    assert timer.iteration_s([(1, 10_000)], 4, 4) == pytest.approx(0.002 + 0.010 + 0.010005)
 
 
 def test_a_decode_run_stops_short_of_a_roofline_kink() -> None:

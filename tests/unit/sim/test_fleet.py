@@ -22,8 +22,11 @@ BLOCK = 4
 
 
 class FlatCost:
-    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
+    def prefill_compute_time(self, new_tokens: int, cached_tokens: int) -> float:
         return 0.001 * new_tokens
+
+    def prefill_memory_time(self, new_tokens: int, cached_tokens: int) -> float:
+        return 0.0
 
     def decode_step_time(self, batch: int, context_tokens: int) -> float:
         return 0.010
@@ -107,8 +110,8 @@ def test_a_new_arrival_cuts_a_decode_run_at_the_next_step() -> None:
     arrive(fleet, loop, "late", 0.0500, 500)  # lands inside decode step 5 (0.048..0.058)
     loop.run()
     late = next(r for r in fleet.metrics.records if r.request_id == "late")
-    # joins at 0.058: 8 prefill tokens + 1 decode token of compute beat the 10 ms step
-    assert late.first_token_s == pytest.approx(0.058 + 0.010)
+    # joins at 0.058, in one pass with the running request: 8 + 1 tokens of compute
+    assert late.first_token_s == pytest.approx(0.058 + 0.009)
 
 
 def test_kv_events_reach_the_router_after_the_delay() -> None:
