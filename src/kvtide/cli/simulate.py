@@ -86,6 +86,11 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="disaggregate: the routed replicas only prefill, N more decode (default 0)",
     )
     parser.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="simulate a disaggregated prefill pool alone: requests end at their first token",
+    )
+    parser.add_argument(
         "--eviction", default="lru", metavar="P", help="eviction policy (default lru)"
     )
     parser.add_argument(
@@ -187,7 +192,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         event_loss=args.event_loss,
         outages=tuple(parse_outage(o) for o in args.outage),
         decode_replicas=args.decode_replicas,
-        engine=EngineConfig(max_batched_tokens=args.max_batched_tokens),
+        engine=EngineConfig(
+            max_batched_tokens=args.max_batched_tokens, prefill_only=args.prefill_only
+        ),
     )
 
 

@@ -156,6 +156,7 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
         "event_loss": scenario.event_loss,
         "outages": [dataclasses.asdict(o) for o in scenario.outages],
         "max_batched_tokens": scenario.engine.max_batched_tokens,
+        "prefill_only": scenario.engine.prefill_only,
         "seed": scenario.seed,
     }
 
