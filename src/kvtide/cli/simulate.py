@@ -86,6 +86,12 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="disaggregate: the routed replicas only prefill, N more decode (default 0)",
     )
     parser.add_argument(
+        "--kv-transfer",
+        action="store_true",
+        help="global KV pool: fetch a longer cached prefix from another replica over the "
+        "network instead of recomputing it (Mooncake's global cache)",
+    )
+    parser.add_argument(
         "--prefill-only",
         action="store_true",
         help="simulate a disaggregated prefill pool alone: requests end at their first token",
@@ -192,6 +198,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         event_loss=args.event_loss,
         outages=tuple(parse_outage(o) for o in args.outage),
         decode_replicas=args.decode_replicas,
+        kv_transfer=args.kv_transfer,
         engine=EngineConfig(
             max_batched_tokens=args.max_batched_tokens, prefill_only=args.prefill_only
         ),

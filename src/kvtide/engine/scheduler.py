@@ -23,6 +23,7 @@ from kvtide.core.cache import KVCache, Match
 from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.node import Node
+from kvtide.engine.prefix_source import NoSource, PrefixSource
 from kvtide.engine.timing import DecodeRun, IterationTimer
 from kvtide.errors import CapacityError, ConfigError
 from kvtide.types import Request
@@ -63,7 +64,9 @@ class RequestRecord:
     prompt_tokens: int
     output_tokens: int
     hit_tokens: int
-    """Prompt tokens found cached at the first admission."""
+    """Prompt tokens found cached at the first admission (fetched ones included)."""
+    fetched_tokens: int
+    """Of those, tokens fetched from elsewhere (another replica, a global pool)."""
     prefill_tokens: int
     """Tokens this request prefilled, recomputation after preemption included."""
     num_preemptions: int
@@ -74,6 +77,7 @@ class Sequence:
 
     __slots__ = (
         "arrival_s",
+        "fetched_tokens",
         "first_token_s",
         "handle",
         "hashes",
@@ -83,6 +87,7 @@ class Sequence:
         "num_generated",
         "num_preemptions",
         "num_target",
+        "onboard_s",
         "prefill_tokens",
         "private",
         "request",
@@ -104,6 +109,8 @@ class Sequence:
         self.num_target = 0  # tokens to hold before the next token can be produced
         self.num_generated = 0
         self.hit_tokens = -1  # -1 until first admitted
+        self.fetched_tokens = 0
+        self.onboard_s = 0.0  # transfer time charged to the first chunk's iteration
         self.prefill_tokens = 0
         self.num_preemptions = 0
 
@@ -151,20 +158,31 @@ class EngineStats:
     num_preemptions: int = 0
     num_finished: int = 0
     hit_tokens: int = 0
+    fetched_tokens: int = 0
     prompt_tokens: int = 0
     per_request: list[RequestRecord] = field(default_factory=list)
 
 
 class Scheduler:
-    """Continuous batching for one replica over ``cache`` (its pool is the engine's KV)."""
+    """Continuous batching for one replica over ``cache`` (its pool is the engine's KV).
+
+    ``source`` offers prompt blocks held elsewhere; fetched blocks count as hits and their
+    transfer time is added to the iteration that starts the request's prefill.
+    """
 
     def __init__(
-        self, config: EngineConfig, cache: KVCache, timer: IterationTimer, clock: Clock
+        self,
+        config: EngineConfig,
+        cache: KVCache,
+        timer: IterationTimer,
+        clock: Clock,
+        source: PrefixSource | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
         self.timer = timer
         self.clock = clock
+        self.source: PrefixSource = source or NoSource()
         self.block_tokens = cache.config.block_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -249,6 +267,10 @@ class Scheduler:
             chunks = [(n, s.num_computed) for s, n in prefill]
             context = sum(s.context_tokens for s in decode)
             step = timer.iteration_s(chunks, len(decode), context)
+            for seq, _ in prefill:
+                if seq.onboard_s:  # the fetch shares the NIC with any other in this step
+                    step += seq.onboard_s
+                    seq.onboard_s = 0.0
             return Batch(now, prefill, decode, DecodeRun(1, step))
         return Batch(now, prefill, decode, self._plan_run(decode))
 
@@ -319,6 +341,7 @@ class Scheduler:
         match = cache.match(hashes)
         hit = match.num_blocks
         cache.lock(match.handle)
+        fetch = self.source.fetch(hashes, hit) if hit < len(hashes) else None
         new_tree = len(hashes) - hit
         pool = cache.pool
         need = new_tree + total_blocks - len(hashes)
@@ -342,13 +365,18 @@ class Scheduler:
         seq.handle = handle
         seq.tree_blocks = len(hashes)
         seq.private = private
-        cached = hit * self.block_tokens
+        fetched = fetch.num_blocks * self.block_tokens if fetch is not None else 0
+        cached = hit * self.block_tokens + fetched
+        if fetch is not None and fetched:
+            seq.onboard_s = fetch.seconds
         # At least the last token is always computed: it yields the next token's logits.
         seq.num_computed = min(cached, target - 1)
         seq.num_target = target
         if seq.hit_tokens < 0:
             seq.hit_tokens = cached
+            seq.fetched_tokens = fetched
             self.stats.hit_tokens += cached
+            self.stats.fetched_tokens += fetched
             self.stats.prompt_tokens += req.prompt_tokens
         return True
 
@@ -470,6 +498,7 @@ class Scheduler:
             prompt_tokens=req.prompt_tokens,
             output_tokens=seq.output_tokens,
             hit_tokens=max(seq.hit_tokens, 0),
+            fetched_tokens=seq.fetched_tokens,
             prefill_tokens=seq.prefill_tokens,
             num_preemptions=seq.num_preemptions,
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import BlockHashes
+from kvtide.engine.prefix_source import NO_FETCH, Fetch
 from kvtide.engine.scheduler import Batch, EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError, NoHealthyReplica
@@ -61,6 +62,9 @@ class FleetConfig:
     router's ingest notices the sequence gap at the next batch and resyncs the replica."""
     outages: tuple[Outage, ...] = ()
     num_decode_replicas: int = 0
+    kv_transfer: bool = False
+    """A global KV pool: a replica fetches a longer prefix held by another replica over the
+    network when that beats recomputing it (Mooncake's store)."""
     sample_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -118,6 +122,42 @@ class Replica:
         self.generation = 0  # bumps invalidate a scheduled completion
 
 
+class PeerCaches:
+    """The other replicas' caches seen as one global KV pool (Mooncake's store): the longest
+    prefix any healthy peer holds, fetched over the network when that beats recomputing it."""
+
+    __slots__ = ("block_tokens", "me", "recompute_s", "replicas", "transfer_s")
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        me: Replica,
+        transfer_s: Callable[[int], float],
+        recompute_s: Callable[[int, int], float],
+    ) -> None:
+        self.replicas = replicas
+        self.me = me
+        self.transfer_s = transfer_s
+        self.recompute_s = recompute_s
+        self.block_tokens = me.cache.config.block_tokens
+
+    def fetch(self, hashes: BlockHashes, local_blocks: int) -> Fetch:
+        best = local_blocks
+        for peer in self.replicas:
+            if peer is self.me or not peer.is_healthy:
+                continue
+            held = peer.cache.match(hashes, touch=False).num_blocks
+            if held > best:
+                best = held
+        if best == local_blocks:
+            return NO_FETCH
+        tokens = (best - local_blocks) * self.block_tokens
+        seconds = self.transfer_s(tokens)
+        if seconds >= self.recompute_s(tokens, local_blocks * self.block_tokens):
+            return NO_FETCH
+        return Fetch(best - local_blocks, seconds)
+
+
 class Fleet:
     """Replicas, the router in front of them, and the event channel between them.
 
@@ -139,6 +179,7 @@ class Fleet:
         rng: random.Random,
         health: IndexHealth | None = None,
         transfer_s: Callable[[int], float] = lambda tokens: 0.0,
+        recompute_s: Callable[[int, int], float] = lambda new, cached: 0.0,
     ) -> None:
         self.config = config
         self.index = index
@@ -158,6 +199,9 @@ class Fleet:
             self._make_replica(config.num_replicas + i, config.engine, timer)
             for i in range(config.num_decode_replicas)
         ]
+        if config.kv_transfer:
+            for replica in self.replicas:
+                replica.engine.source = PeerCaches(self.replicas, replica, transfer_s, recompute_s)
         self.router = Router(policy, [r.state for r in self.replicas], health)
         self.channel = LossyDelayedChannel(
             rng, delay_s=config.event_delay_s, loss_prob=config.event_loss
@@ -300,6 +344,7 @@ class Fleet:
                 arrival_s=prefill.arrival_s,
                 first_token_s=prefill.first_token_s,
                 hit_tokens=prefill.hit_tokens,
+                fetched_tokens=prefill.fetched_tokens,
                 prefill_tokens=prefill.prefill_tokens + record.prefill_tokens,
                 num_preemptions=prefill.num_preemptions + record.num_preemptions,
             )
@@ -380,7 +425,12 @@ class Fleet:
 
     @property
     def hit_tokens_by_tier(self) -> dict[str, int]:
-        return {Tier.DEVICE.name.lower(): sum(r.hit_tokens for r in self.metrics.records)}
+        records = self.metrics.records
+        fetched = sum(r.fetched_tokens for r in records)
+        by_tier = {Tier.DEVICE.name.lower(): sum(r.hit_tokens for r in records) - fetched}
+        if self.config.kv_transfer:
+            by_tier["remote"] = fetched
+        return by_tier
 
     @property
     def busy_s(self) -> Sequence[float]:

@@ -59,6 +59,7 @@ class Scenario:
     event_loss: float = 0.0
     outages: tuple[Outage, ...] = ()
     decode_replicas: int = 0
+    kv_transfer: bool = False
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self) -> None:
@@ -150,6 +151,7 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
         "tp": scenario.tp,
         "replicas": scenario.replicas,
         "decode_replicas": scenario.decode_replicas,
+        "kv_transfer": scenario.kv_transfer,
         "gpu_cache_tokens": scenario.gpu_cache_tokens,
         "host_cache_tokens": scenario.host_cache_tokens,
         "event_delay_s": scenario.event_delay_s,
@@ -197,6 +199,7 @@ def run(
         event_loss=scenario.event_loss,
         outages=scenario.outages,
         num_decode_replicas=scenario.decode_replicas,
+        kv_transfer=scenario.kv_transfer,
         sample_interval_s=span_s / NUM_WINDOWS,
     )
     index = (
@@ -222,6 +225,7 @@ def run(
         rng=random.Random(scenario.seed + 1),
         health=ctx.health,
         transfer_s=lambda tokens: network_transfer_s(model, tokens),
+        recompute_s=model.prefill_compute_time,
     )
     feed = _Feed(iter(requests), fleet, loop)
     feed.schedule_next()

@@ -7,6 +7,8 @@ import pytest
 
 from kvtide.clock import ManualClock
 from kvtide.core.events import BlockStored
+from kvtide.core.hashing import BlockHashes
+from kvtide.engine.prefix_source import Fetch
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import CapacityError, ConfigError
 
@@ -160,3 +162,21 @@ def test_the_sequence_limit_holds_requests_back(engine_clock: ManualClock) -> No
 def test_engine_config_rejects_nonsense() -> None:
     with pytest.raises(ConfigError):
         EngineConfig(max_batched_tokens=0)
+
+
+class TwoBlocksElsewhere:
+    def fetch(self, hashes: BlockHashes, local_blocks: int) -> Fetch:
+        return Fetch(2 - local_blocks, 0.003) if local_blocks < 2 else Fetch()
+
+
+def test_blocks_fetched_from_elsewhere_count_as_hits_and_cost_their_transfer(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock)
+    engine.source = TwoBlocksElsewhere()
+    req, hashes = request("a", list(range(1, 11)), output=1)
+    engine.add(req, hashes)
+    (record,) = drive(engine, engine_clock)
+    assert (record.hit_tokens, record.fetched_tokens, record.prefill_tokens) == (8, 8, 2)
+    assert record.first_token_s == pytest.approx(0.002 + 0.003)
+    assert engine.stats.fetched_tokens == 8

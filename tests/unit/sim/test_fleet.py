@@ -66,7 +66,7 @@ def hasher(request: Request) -> BlockHashes:
 
 
 def make_fleet(
-    index: object = None, **config: object
+    index: object = None, transfer_s_per_token: float = 0.001, **config: object
 ) -> tuple[Fleet, RecordingRouter, RecordingIndex, EventLoop]:
     clock = ManualClock()
     loop = EventLoop(clock)
@@ -81,7 +81,8 @@ def make_fleet(
         loop,
         hasher=hasher,
         rng=random.Random(0),
-        transfer_s=lambda tokens: 0.001 * tokens,
+        transfer_s=lambda tokens: transfer_s_per_token * tokens,
+        recompute_s=FlatCost().prefill_compute_time,
     )
     return fleet, router, index, loop  # type: ignore[return-value]
 
@@ -166,3 +167,15 @@ def test_disaggregated_requests_move_to_a_decode_replica() -> None:
     # 8 ms of KV transfer, then tokens 2 and 3 on the decode replica
     assert record.finish_s == pytest.approx(0.008 + 0.008 + 0.020)
     assert record.prefill_tokens == 8
+
+
+def test_a_global_kv_pool_fetches_a_prefix_from_a_peer() -> None:
+    fleet, _, _, loop = make_fleet(num_replicas=2, kv_transfer=True, transfer_s_per_token=0.0005)
+    arrive(fleet, loop, "a", 0.0, 1)  # r0 computes blocks 1..8
+    arrive(fleet, loop, "b", 1.0, 1)  # r1 (round robin) fetches them: 4 ms instead of 8
+    loop.run()
+    b = next(r for r in fleet.metrics.records if r.request_id == "b")
+    assert (b.hit_tokens, b.fetched_tokens) == (8, 8)
+    assert b.prefill_tokens == 1  # the last prompt token is always computed
+    assert b.first_token_s == pytest.approx(1.0 + 0.001 + 0.004)
+    assert fleet.hit_tokens_by_tier == {"device": 0, "remote": 8}
