@@ -7,7 +7,7 @@ policy would (``BasePolicy``); the registry of production policies stays untouch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from kvtide.errors import ConfigError
 from kvtide.routing import (
@@ -41,14 +41,38 @@ def policy_names() -> list[str]:
     return sorted({*POLICIES, *BASELINES})
 
 
-def needs_index(name: str) -> bool:
-    return name in NEEDS_INDEX
+def parse_router(spec: str) -> tuple[str, dict[str, object]]:
+    """``NAME[:key=value[:key=value...]]`` into a name and options (ints, floats, booleans,
+    strings); the colon keeps commas free for lists of routers."""
+    name, *items = spec.split(":")
+    options: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in items)):
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"router {spec!r}: expected NAME:key=value[:key=value...]")
+        options[key.strip()] = _value(raw.strip())
+    return name.strip(), options
 
 
-def build_policy(
-    name: str, ctx: RoutingContext, options: Mapping[str, object] | None = None
-) -> RoutingPolicy:
-    """A production policy from ``kvtide.routing`` by name, or a simulator baseline."""
+def _value(raw: str) -> object:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for convert in (int, float):
+        try:
+            return convert(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def needs_index(spec: str) -> bool:
+    return parse_router(spec)[0] in NEEDS_INDEX
+
+
+def build_policy(spec: str, ctx: RoutingContext) -> RoutingPolicy:
+    """A production policy from ``kvtide.routing`` by name (``NAME[:key=value...]``), or a
+    simulator baseline."""
+    name, options = parse_router(spec)
     baseline = BASELINES.get(name)
     if baseline is None:
         if name not in POLICIES:
