@@ -62,14 +62,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool = True) -> None:
     """Workload, model and fleet flags shared by `simulate` and `study`."""
-    parser.add_argument(
-        "--workload",
-        default=DEFAULT_WORKLOAD,
-        metavar="SPEC",
-        help=f"builtin:NAME[:key=val,...] or a trace path (default {DEFAULT_WORKLOAD})",
-    )
+    if with_workload:
+        parser.add_argument(
+            "--workload",
+            default=DEFAULT_WORKLOAD,
+            metavar="SPEC",
+            help=f"builtin:NAME[:key=val,...] or a trace path (default {DEFAULT_WORKLOAD})",
+        )
     parser.add_argument("--requests", type=int, metavar="N", help="use only the first N requests")
     parser.add_argument(
         "--block-tokens",
@@ -148,7 +149,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="R:START[:END]",
-        help="replica R is down from START to END seconds of simulated time (repeatable)",
+        help="replica R is down from START to END seconds after the first arrival (repeatable)",
     )
     parser.add_argument("--seed", type=int, default=0, metavar="N", help="(default 0)")
 
@@ -271,19 +272,25 @@ def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> 
 
 
 def run_with_progress(
-    scenarios: Sequence[Scenario], jobs: int, console: Console, *, quiet: bool = False
+    scenarios: Sequence[Scenario],
+    jobs: int,
+    console: Console,
+    *,
+    quiet: bool = False,
+    labels: Sequence[str] | None = None,
 ) -> list[RunResult]:
     if quiet:
         return run_many(scenarios, jobs)
     with Progress(
-        TextColumn("{task.description:<14}"),
+        TextColumn("{task.description:<28}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     ) as bar:
-        tasks: list[TaskID] = [bar.add_task(s.router, total=1.0) for s in scenarios]
+        names = labels if labels is not None else [s.router for s in scenarios]
+        tasks: list[TaskID] = [bar.add_task(name, total=1.0) for name in names]
 
         def update(position: int, fraction: float) -> None:
             bar.update(tasks[position], completed=fraction)

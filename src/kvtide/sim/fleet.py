@@ -62,6 +62,10 @@ class FleetConfig:
     router's ingest notices the sequence gap at the next batch and resyncs the replica."""
     outages: tuple[Outage, ...] = ()
     num_decode_replicas: int = 0
+    coordinator_outage: tuple[float, float] | None = None
+    """(start, end) seconds during which the index's coordinator is down: its state is lost
+    at the start and events sent meanwhile are lost, so the router sees an empty index; the
+    first batch after the end reveals the gap and the replica is resynced from a snapshot."""
     kv_transfer: bool = False
     """A global KV pool: a replica fetches a longer prefix held by another replica over the
     network when that beats recomputing it (Mooncake's store)."""
@@ -211,12 +215,16 @@ class Fleet:
         )
         self._by_id = {r.state.replica_id: r for r in self.replicas}
         self._flights: dict[str, _Flight] = {}
+        self.route_reasons: dict[str, int] = {}  # decisions by the branch the policy took
         self._prefill_records: dict[str, RequestRecord] = {}
         self._requests_by_id: dict[str, Request] = {}
         for outage in config.outages:
             loop.at(outage.start_s, self._fail, self.replicas[outage.replica])
             if outage.end_s is not None:
                 loop.at(outage.end_s, self._recover, self.replicas[outage.replica])
+        self.num_batches_lost_in_outage = 0
+        if config.coordinator_outage is not None and index is not None:
+            loop.at(config.coordinator_outage[0], self._coordinator_down)
 
     def _make_replica(self, index: int, engine: EngineConfig, timer: IterationTimer) -> Replica:
         cfg = self.config
@@ -253,6 +261,8 @@ class Fleet:
             self.unserved.append(request)
             return
         replica = self._by_id[decision.replica]
+        reasons = self.route_reasons
+        reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
         self._flights[request.request_id] = _Flight(route, decision)
         if self.decoders:
             self._requests_by_id[request.request_id] = request
@@ -365,10 +375,23 @@ class Fleet:
         else:
             self._deliver()
 
+    def _coordinator_down(self, _: object = None) -> None:
+        assert self.index is not None
+        for replica in self.replicas:
+            self.index.clear_replica(replica.state.replica_id)
+
+    def _is_coordinator_down(self) -> bool:
+        window = self.config.coordinator_outage
+        return window is not None and window[0] <= self.clock.now() < window[1]
+
     def _deliver(self, _: object = None) -> None:
         ingest = self.ingest
         assert ingest is not None
+        is_down = self._is_coordinator_down()
         for batch in self.channel.deliver(self.clock.now()):
+            if is_down:
+                self.num_batches_lost_in_outage += 1
+                continue
             replica = self._by_id[batch.replica]
             if not replica.is_healthy or batch.sent_s < replica.up_since_s:
                 continue  # published before a crash: that cache is gone

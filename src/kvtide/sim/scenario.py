@@ -58,6 +58,8 @@ class Scenario:
     event_delay_s: float = 0.0
     event_loss: float = 0.0
     outages: tuple[Outage, ...] = ()
+    coordinator_outage: tuple[float, float] | None = None
+    """(start, end) seconds, relative to the first arrival, when the index is down."""
     decode_replicas: int = 0
     kv_transfer: bool = False
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -93,6 +95,8 @@ class RunResult:
     """TTFT quantiles at evenly spaced probabilities (for the CDF plot)."""
     num_events: int
     unserved: int
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    """Index health and event-channel counters (routing regret, losses, resyncs)."""
 
 
 def cost_model(scenario: Scenario) -> CostModel:
@@ -157,6 +161,7 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
         "event_delay_s": scenario.event_delay_s,
         "event_loss": scenario.event_loss,
         "outages": [dataclasses.asdict(o) for o in scenario.outages],
+        "coordinator_outage": scenario.coordinator_outage,
         "max_batched_tokens": scenario.engine.max_batched_tokens,
         "prefill_only": scenario.engine.prefill_only,
         "seed": scenario.seed,
@@ -197,9 +202,17 @@ def run(
         engine=scenario.engine,
         event_delay_s=scenario.event_delay_s,
         event_loss=scenario.event_loss,
-        outages=scenario.outages,
         num_decode_replicas=scenario.decode_replicas,
         kv_transfer=scenario.kv_transfer,
+        coordinator_outage=_shifted(scenario.coordinator_outage, requests[0].arrival_s),
+        outages=tuple(
+            dataclasses.replace(
+                o,
+                start_s=o.start_s + requests[0].arrival_s,
+                end_s=None if o.end_s is None else o.end_s + requests[0].arrival_s,
+            )
+            for o in scenario.outages
+        ),
         sample_interval_s=span_s / NUM_WINDOWS,
     )
     index = (
@@ -245,7 +258,37 @@ def run(
     cdf = np.quantile(ttft, np.linspace(0, 1, NUM_CDF_POINTS)).tolist() if ttft.size else []
     if progress is not None:
         progress(1.0)
-    return RunResult(summary, fleet.metrics.series(), cdf, loop.num_events, len(fleet.unserved))
+    return RunResult(
+        summary,
+        fleet.metrics.series(),
+        cdf,
+        loop.num_events,
+        len(fleet.unserved),
+        _diagnostics(fleet),
+    )
+
+
+def _shifted(window: tuple[float, float] | None, start_s: float) -> tuple[float, float] | None:
+    return None if window is None else (window[0] + start_s, window[1] + start_s)
+
+
+def _diagnostics(fleet: Fleet) -> dict[str, float]:
+    health = fleet.router.health.summary()
+    out: dict[str, float] = {
+        "index_precision": health.precision,
+        "index_recall": health.recall,
+        "regret_tokens": health.regret_tokens,
+        "event_batches_sent": fleet.channel.counters.sent,
+        "event_batches_lost": fleet.channel.counters.dropped,
+        "event_batches_lost_in_outage": fleet.num_batches_lost_in_outage,
+        "gaps": health.gaps,
+        "resyncs": health.resyncs,
+        "max_lag_s": health.max_lag_s,
+        "preemptions": sum(r.engine.stats.num_preemptions for r in fleet.replicas),
+    }
+    for reason, count in sorted(fleet.route_reasons.items()):
+        out[f"route_{reason}"] = count
+    return out
 
 
 class _Feed:
