@@ -95,6 +95,8 @@ class RunResult:
     """TTFT quantiles at evenly spaced probabilities (for the CDF plot)."""
     num_events: int
     unserved: int
+    simulated_s: float
+    """Simulated seconds from the first arrival to the last event."""
     diagnostics: dict[str, float] = field(default_factory=dict)
     """Index health and event-channel counters (routing regret, losses, resyncs)."""
 
@@ -264,6 +266,7 @@ def run(
         cdf,
         loop.num_events,
         len(fleet.unserved),
+        clock.now() - requests[0].arrival_s,
         _diagnostics(fleet),
     )
 
