@@ -83,11 +83,14 @@ class Sequence:
         "hashes",
         "hit_tokens",
         "is_prefilled",
+        "kv_capacity_tokens",
         "num_computed",
         "num_generated",
         "num_preemptions",
         "num_target",
+        "num_tokens",
         "onboard_s",
+        "output_limit",
         "prefill_tokens",
         "private",
         "request",
@@ -108,6 +111,9 @@ class Sequence:
         self.num_computed = 0  # tokens whose KV is in memory (hits included)
         self.num_target = 0  # tokens to hold before the next token can be produced
         self.num_generated = 0
+        self.num_tokens = request.prompt_tokens  # prompt + generated: a decode step's context
+        self.kv_capacity_tokens = 0  # tokens the blocks it holds can store
+        self.output_limit = max(1, request.output_tokens)
         self.hit_tokens = -1  # -1 until first admitted
         self.fetched_tokens = 0
         self.onboard_s = 0.0  # transfer time charged to the first chunk's iteration
@@ -116,7 +122,7 @@ class Sequence:
 
     @property
     def output_tokens(self) -> int:
-        return max(1, self.request.output_tokens)
+        return self.output_limit
 
     @property
     def is_prefilling(self) -> bool:
@@ -124,8 +130,12 @@ class Sequence:
 
     @property
     def context_tokens(self) -> int:
-        """Tokens of KV a decode step of this sequence attends to."""
-        return self.request.prompt_tokens + self.num_generated
+        """Tokens of KV a decode step of this sequence attends to (its new token included)."""
+        return self.num_tokens
+
+    def generate(self, tokens: int) -> None:
+        self.num_generated += tokens
+        self.num_tokens += tokens
 
 
 @dataclass(slots=True)
@@ -211,7 +221,7 @@ class Scheduler:
         seq = Sequence(request, hashes, when, first_token_s is not None)
         if first_token_s is not None:
             seq.first_token_s = first_token_s
-            seq.num_generated = 1
+            seq.generate(1)
         self.waiting.append(seq)
 
     @property
@@ -247,10 +257,11 @@ class Scheduler:
         budget = self.config.max_batched_tokens
         prefill: list[tuple[Sequence, int]] = []
         decode: list[Sequence] = []
-        preempted = self._reserve_decode(1)
+        preempted = self._reserve_decode()
         for seq in self.running:
-            if seq.is_prefilling:
-                chunk = min(seq.num_target - seq.num_computed, budget)
+            left = seq.num_target - seq.num_computed
+            if left > 0:
+                chunk = left if left < budget else budget
                 if chunk > 0:
                     prefill.append((seq, chunk))
                     budget -= chunk
@@ -279,11 +290,15 @@ class Scheduler:
         sequence finishes), bounded by the blocks that can be reserved ahead."""
         # Whatever kept a waiting request out this time (KV, the sequence limit) lasts until a
         # sequence finishes, and new arrivals interrupt the run (``Batch.steps_by``).
-        steps = min(seq.output_tokens - seq.num_generated for seq in decode)
-        steps = min(steps, self.config.max_decode_steps)
+        steps = self.config.max_decode_steps
+        context = 0
+        for seq in decode:
+            left = seq.output_limit - seq.num_generated
+            if left < steps:
+                steps = left
+            context += seq.num_tokens
         if steps > 1:
             steps = self._reserve_ahead(decode, steps)
-        context = sum(seq.context_tokens for seq in decode)
         return self.timer.decode_run(len(decode), context, steps)
 
     def _admit(
@@ -334,6 +349,7 @@ class Scheduler:
             if blocks is None:
                 return False
             seq.private = blocks
+            seq.kv_capacity_tokens = len(blocks) * self.block_tokens
             seq.num_target = seq.num_computed = target - 1
             seq.hit_tokens = max(seq.hit_tokens, 0)
             return True
@@ -365,6 +381,7 @@ class Scheduler:
         seq.handle = handle
         seq.tree_blocks = len(hashes)
         seq.private = private
+        seq.kv_capacity_tokens = total_blocks * self.block_tokens
         fetched = fetch.num_blocks * self.block_tokens if fetch is not None else 0
         cached = hit * self.block_tokens + fetched
         if fetch is not None and fetched:
@@ -380,59 +397,66 @@ class Scheduler:
             self.stats.prompt_tokens += req.prompt_tokens
         return True
 
-    def _missing_blocks(self, seq: Sequence, steps: int) -> int:
-        """Private blocks ``seq`` still lacks to decode ``steps`` more tokens."""
-        tokens = seq.context_tokens + steps - 1
-        return self._blocks_for(tokens) - seq.tree_blocks - len(seq.private)
+    def _grant(self, seq: Sequence, blocks: array[int]) -> None:
+        seq.private.extend(blocks)
+        seq.kv_capacity_tokens += len(blocks) * self.block_tokens
 
-    def _reserve_decode(self, steps: int) -> bool:
-        """Gives every decoding sequence room for ``steps`` tokens, preempting the newest
+    def _reserve_decode(self) -> bool:
+        """Gives every decoding sequence room for its next token, preempting the newest
         running sequences while the pool cannot; ``True`` if anything was preempted."""
         preempted = False
+        running = self.running
         i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            if seq.is_prefilling:
+        while i < len(running):
+            seq = running[i]
+            short = seq.num_tokens - seq.kv_capacity_tokens
+            if short <= 0 or seq.num_computed < seq.num_target:
                 i += 1
                 continue
-            missing = self._missing_blocks(seq, steps)
-            if missing > 0:
+            missing = self._blocks_for(short)
+            blocks = self._take_blocks(missing)
+            while blocks is None:
+                victim = running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
                 blocks = self._take_blocks(missing)
-                while blocks is None:
-                    victim = self.running[-1]
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is seq:
-                        break
-                    blocks = self._take_blocks(missing)
-                if blocks is None:
-                    continue  # seq itself was preempted; running[i] is the next one now
-                seq.private.extend(blocks)
+            if blocks is None:
+                continue  # seq itself was preempted; running[i] is the next one now
+            self._grant(seq, blocks)
             i += 1
         return preempted
 
     def _reserve_ahead(self, decode: list[Sequence], steps: int) -> int:
         """Reserves blocks for ``steps`` decode steps of every sequence, or for as many steps
         as the pool allows (at least the one already reserved)."""
+        bt = self.block_tokens
+        # Step k (from 1) of a sequence needs num_tokens + k - 1 tokens of room: the first
+        # ``slack + 1`` steps fit in the blocks it holds.
+        slacks = [s.kv_capacity_tokens - s.num_tokens for s in decode]
+
+        def blocks_for(k: int) -> int:
+            return sum(-(-(k - 1 - slack) // bt) for slack in slacks if slack < k - 1)
+
         pool = self.cache.pool
-        need = sum(max(0, self._missing_blocks(s, steps)) for s in decode)
+        need = blocks_for(steps)
         if need > pool.num_free:
             self.cache.evict(need - pool.num_free)
         if need > pool.num_free:
             lo, hi = 1, steps  # the largest step count whose blocks fit
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if sum(max(0, self._missing_blocks(s, mid)) for s in decode) <= pool.num_free:
+                if blocks_for(mid) <= pool.num_free:
                     lo = mid
                 else:
                     hi = mid - 1
             steps = lo
-        for seq in decode:
-            missing = self._missing_blocks(seq, steps)
-            if missing > 0:
-                blocks = pool.try_allocate(missing)
+        for seq, slack in zip(decode, slacks, strict=True):
+            if slack < steps - 1:
+                blocks = pool.try_allocate(-(-(steps - 1 - slack) // bt))
                 assert blocks is not None
-                seq.private.extend(blocks)
+                self._grant(seq, blocks)
         return steps
 
     def _release(self, seq: Sequence) -> None:
@@ -443,6 +467,7 @@ class Scheduler:
             self.cache.pool.free(seq.private)
             seq.private = array("i")
         seq.tree_blocks = 0
+        seq.kv_capacity_tokens = 0
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute-mode preemption: drop the KV, queue the request first in line again."""
@@ -471,16 +496,17 @@ class Scheduler:
             seq.prefill_tokens += chunk
             stats.prefill_tokens += chunk
             if seq.num_computed >= seq.num_target:
-                seq.num_generated += 1
+                seq.generate(1)
                 if seq.first_token_s is None:
                     seq.first_token_s = end_s
                 if self.config.prefill_only or seq.num_generated >= seq.output_tokens:
                     finished.append(seq)
         for seq in batch.decode:
             seq.num_generated += run_steps
-            stats.decode_tokens += run_steps
-            if seq.num_generated >= seq.output_tokens:
+            seq.num_tokens += run_steps
+            if seq.num_generated >= seq.output_limit:
                 finished.append(seq)
+        stats.decode_tokens += run_steps * len(batch.decode)
         records = [self._finish(seq, end_s) for seq in finished]
         stats.num_finished += len(records)
         return records
