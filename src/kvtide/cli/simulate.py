@@ -27,6 +27,9 @@ from kvtide.sim.scenario import RunResult, Scenario, describe_setup, prepare
 
 DEFAULT_ROUTERS = "round_robin,least_load,chash,precise,cost"
 DEFAULT_WORKLOAD = "builtin:mixed"
+DEFAULT_BUILTIN_LOAD = 1.5
+"""Built-ins replay at this offered load unless told otherwise: prefill work that would be 1.5x
+the fleet's capacity with no cache, so what routing does to the hit ratio decides the tail."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Replays a workload (a built-in generator or a trace) through N simulated engine "
             "replicas that use kvtide's own cache, eviction and routing code, once per router, "
             "and prints TTFT, TPOT, end-to-end latency, hit ratio, throughput and load "
-            "imbalance side by side. With no arguments: a 10-minute built-in mix on 4 replicas."
+            "imbalance side by side. With no arguments: a built-in mix of chat, agent, RAG and "
+            "bursty traffic on 4 replicas, at an offered load the fleet survives only by its "
+            "prefix cache."
         ),
     )
     add_fleet_arguments(parser)
@@ -136,7 +141,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
         type=float,
         metavar="X",
         help="rescale arrivals so the offered prefill work (no cache hits) is X of the "
-        "fleet's prefill capacity (replaces --time-scale)",
+        f"fleet's prefill capacity (replaces --time-scale; default {DEFAULT_BUILTIN_LOAD} for "
+        "built-in workloads, traces keep their own pace)",
     )
     parser.add_argument(
         "--event-delay", type=float, default=0.0, metavar="S", help="KV event lag, seconds"
@@ -181,12 +187,16 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         raise ConfigError("--replicas must be >= 1")
     if args.requests is not None and args.requests < 1:
         raise ConfigError("--requests must be >= 1")
+    load = args.load
+    is_builtin = args.workload.split(":", 1)[0] == "builtin"
+    if load is None and args.time_scale == 1.0 and is_builtin:
+        load = DEFAULT_BUILTIN_LOAD
     return Scenario(
         workload=args.workload,
         requests=args.requests,
         block_tokens=args.block_tokens,
         time_scale=args.time_scale,
-        load=args.load,
+        load=load,
         seed=args.seed,
         model=args.model,
         gpu=args.gpu,

@@ -276,7 +276,7 @@ class Scheduler:
         if prefill:
             timer = self.timer
             chunks = [(n, s.num_computed) for s, n in prefill]
-            context = sum(s.context_tokens for s in decode)
+            context = sum(s.num_tokens for s in decode)
             step = timer.iteration_s(chunks, len(decode), context)
             for seq, _ in prefill:
                 if seq.onboard_s:  # the fetch shares the NIC with any other in this step
