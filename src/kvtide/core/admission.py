@@ -1,0 +1,146 @@
+"""Admission filters: which blocks a lower tier (host, disk) accepts when they are written down.
+
+About 3/4 of the blocks of a conversation trace are never reused, so writing every block evicted
+from the GPU into host memory spends link bandwidth and host capacity on blocks that never pay
+back. A filter counts how often each block was requested (``record``) and answers ``admit``.
+``seen-twice`` is TinyLFU's frequency sketch with a threshold (Einziger et al., "TinyLFU",
+ACM ToS 2017): a count-min sketch whose counters are halved every ``sample_blocks`` records,
+so old popularity fades.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtide.core.hashing import BlockHashes
+from kvtide.errors import ConfigError
+
+BoolArray = npt.NDArray[np.bool_]
+
+
+class AdmissionFilter(Protocol):
+    name: str
+
+    def record(self, hashes: BlockHashes) -> None:
+        """One request looked up these blocks (its full-block hashes, in prefix order)."""
+
+    def admit(self, hashes: BlockHashes) -> BoolArray:
+        """For each block: may it be written into a lower tier now?"""
+
+
+class AdmitAll:
+    """No filter: every block is written down."""
+
+    name = "none"
+
+    def __init__(self, capacity_blocks: int) -> None:
+        del capacity_blocks
+
+    def record(self, hashes: BlockHashes) -> None:
+        pass
+
+    def admit(self, hashes: BlockHashes) -> BoolArray:
+        return np.ones(len(hashes), dtype=np.bool_)
+
+
+# Odd 64-bit multipliers, one per sketch row (multiply-shift hashing, Dietzfelbinger et al.);
+# block hashes are already uniform, the rows only need to disagree with each other.
+_ROW_MULTIPLIERS = (
+    0x9E3779B97F4A7C15,
+    0xC2B2AE3D27D4EB4F,
+    0x165667B19E3779F9,
+    0xD6E8FEB86659FD93,
+)
+_COUNTER_MAX = 15  # 4-bit counters, as TinyLFU: beyond 15 the exact count does not matter
+
+
+class SeenCount:
+    """Admits a block once it has been requested ``threshold`` times (2: "seen twice").
+
+    Counts live in a count-min sketch of ``width`` counters per row (default: the next power of
+    two >= 2 x ``capacity_blocks``), so an estimate may exceed the true count (a block admitted
+    early) but never fall short of it before a halving. Every ``sample_blocks`` records (default
+    10 x capacity, TinyLFU's sample size) all counters are halved.
+    """
+
+    def __init__(
+        self,
+        capacity_blocks: int,
+        *,
+        threshold: int = 2,
+        width: int | None = None,
+        sample_blocks: int | None = None,
+    ) -> None:
+        if threshold < 1 or threshold > _COUNTER_MAX:
+            raise ConfigError(f"admission threshold must lie in [1, {_COUNTER_MAX}]")
+        if capacity_blocks <= 0:
+            raise ConfigError("an admission filter needs a positive capacity")
+        width = width or max(64, 2 * capacity_blocks)
+        self.width_bits = max(6, (width - 1).bit_length())
+        self.threshold = threshold
+        self.name = "seen-twice" if threshold == 2 else f"seen-{threshold}"
+        self.sample_blocks = sample_blocks or 10 * capacity_blocks
+        if self.sample_blocks <= 0:
+            raise ConfigError("admission sample size must be positive")
+        self._table = np.zeros((len(_ROW_MULTIPLIERS), 1 << self.width_bits), dtype=np.uint8)
+        self._mults = np.array(_ROW_MULTIPLIERS, dtype=np.uint64)[:, None]
+        self._since_reset = 0
+        self.num_resets = 0
+
+    def _rows(self, hashes: BlockHashes) -> npt.NDArray[np.uint64]:
+        keys = np.frombuffer(hashes.raw, dtype="<u8")
+        return (keys[None, :] * self._mults) >> np.uint64(64 - self.width_bits)
+
+    def record(self, hashes: BlockHashes) -> None:
+        if not len(hashes):
+            return
+        idx = self._rows(hashes).astype(np.intp)
+        table = self._table
+        for row in range(table.shape[0]):
+            cells = table[row]
+            np.add.at(cells, idx[row], 1)  # exact even when two blocks share a counter
+            cells[idx[row]] = np.minimum(cells[idx[row]], _COUNTER_MAX)
+        self._since_reset += len(hashes)
+        if self._since_reset >= self.sample_blocks:
+            self._table >>= 1
+            self._since_reset = 0
+            self.num_resets += 1
+
+    def estimate(self, hashes: BlockHashes) -> npt.NDArray[np.uint8]:
+        """Estimated request counts of ``hashes`` (count-min: the least of the rows)."""
+        if not len(hashes):
+            return np.zeros(0, dtype=np.uint8)
+        idx = self._rows(hashes).astype(np.intp)
+        rows = np.arange(self._table.shape[0])[:, None]
+        counts: npt.NDArray[np.uint8] = self._table[rows, idx].min(axis=0)
+        return counts
+
+    def admit(self, hashes: BlockHashes) -> BoolArray:
+        return self.estimate(hashes) >= self.threshold
+
+
+AdmissionFactory = Callable[..., AdmissionFilter]
+ADMISSION_FILTERS: dict[str, AdmissionFactory] = {
+    "none": AdmitAll,
+    "seen-twice": lambda capacity_blocks, **options: SeenCount(
+        capacity_blocks, **{"threshold": 2, **options}
+    ),
+}
+
+
+def make_admission(
+    name: str, capacity_blocks: int, options: Mapping[str, object] | None = None
+) -> AdmissionFilter:
+    """Builds the filter registered as ``name`` for lower tiers of ``capacity_blocks`` blocks."""
+    factory = ADMISSION_FILTERS.get(name)
+    if factory is None:
+        valid = ", ".join(sorted(ADMISSION_FILTERS))
+        raise ConfigError(f"unknown admission filter {name!r} (valid: {valid})")
+    try:
+        return factory(capacity_blocks, **dict(options or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad options for admission filter {name!r}: {exc}") from exc
