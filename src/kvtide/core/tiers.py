@@ -23,6 +23,7 @@ Tier semantics (the choice and why):
   HiCache's default) writes a block down as soon as it is stored, if admitted, and still writes
   back on eviction a block the lower tier has since dropped; so the lower tier is a superset
   whenever the filter admits everything, and never loses a block that write-back would keep.
+  With a filter, a device hit that the filter now admits is written down at once.
 """
 
 from __future__ import annotations
@@ -314,6 +315,21 @@ class _WriteDown:
         self.owner.write_down(self.src, tree.hashes(node) + hashes, len(hashes), on_evict=True)
 
 
+class _Drop:
+    """Observer of the lowest tier: its evictions go nowhere."""
+
+    __slots__ = ("counters",)
+
+    def __init__(self, counters: _Counters) -> None:
+        self.counters = counters
+
+    def stored(self, node: Node, hashes: BlockHashes) -> None:
+        pass
+
+    def removed(self, node: Node, hashes: BlockHashes) -> None:
+        self.counters.dropped_blocks += len(hashes)
+
+
 class TieredCache:
     """Device, host and disk ``KVCache``s behind one request-level ``access``.
 
@@ -363,14 +379,17 @@ class TieredCache:
             config.admission, max(config.lower_capacity_blocks, 1), config.admission_options
         )
         write_through = config.write_mode is WriteMode.WRITE_THROUGH
+        self._write_hits = write_through and Tier.DEVICE in self._below
         for tier in self._below:
             self.caches[tier].add_observer(_WriteDown(self, tier, write_through))
+        self._counters = {tier: _Counters() for tier in self.caches}
+        bottom = list(self.caches)[-1]
+        self.caches[bottom].add_observer(_Drop(self._counters[bottom]))
         self.links: dict[Tier, Link] = {}
         for tier, _ in self.lower:
             rate = self.cost.link_bytes_per_s(tier)
             if math.isfinite(rate):
                 self.links[tier] = Link(rate, self.clock, name=f"{tier.name.lower()}->device")
-        self._counters = {tier: _Counters() for tier in self.caches}
         self._moves: list[TierMove] = []
         self._lookups = 0
         self._prompt_tokens = 0
@@ -463,6 +482,10 @@ class TieredCache:
             match = Match(d, dev.handle, self.device.tree, version)
             ins = self.device.insert(hashes, match=match, tenant=tenant, priority=priority)
             handle, new = ins.handle, ins.new_blocks
+        if self._write_hits and d:
+            # Selective write-through (SGLang HiCache's write_through_selective): a device hit
+            # the filter now admits is backed up at once instead of waiting for its eviction.
+            self.write_down(Tier.DEVICE, hashes[:d], d, on_evict=False)
         if lock:
             self.device.lock(handle)
         return TieredAccess(
@@ -525,8 +548,6 @@ class TieredCache:
         dst = self._below.get(src)
         run = path[len(path) - num_blocks :]
         if dst is None:
-            if on_evict:
-                self._counters[src].dropped_blocks += num_blocks
             return 0
         admitted = np.flatnonzero(self.admission.admit(run))
         keep = int(admitted[-1]) + 1 if len(admitted) else 0
