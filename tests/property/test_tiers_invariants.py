@@ -45,6 +45,7 @@ requests = st.lists(
     host=st.integers(0, 6),
     disk=st.integers(0, 8),
     admission=st.sampled_from(["none", "seen-twice"]),
+    disk_admission=st.sampled_from(["none", "seen-twice"]),
     write_mode=st.sampled_from(list(WriteMode)),
     prefetch_every=st.integers(0, 5),
 )
@@ -54,16 +55,16 @@ def test_tiers_keep_their_invariants(
     host: int,
     disk: int,
     admission: str,
+    disk_admission: str,
     write_mode: WriteMode,
     prefetch_every: int,
 ) -> None:
     capacity = {Tier.DEVICE: device, Tier.HOST: host, Tier.DISK: disk}
     config = TieredCacheConfig(
         TierSpec(device),
-        TierSpec(host) if host else None,
-        TierSpec(disk) if disk else None,
+        TierSpec(host, admission=admission) if host else None,
+        TierSpec(disk, admission=disk_admission) if disk else None,
         block_tokens=BT,
-        admission=admission,
         write_mode=write_mode,
     )
     cache = TieredCache(config, ManualClock())

@@ -61,10 +61,12 @@ _COUNTER_MAX = 15  # 4-bit counters, as TinyLFU: beyond 15 the exact count does 
 class SeenCount:
     """Admits a block once it has been requested ``threshold`` times (2: "seen twice").
 
-    Counts live in a count-min sketch of ``width`` counters per row (default: the next power of
-    two >= 2 x ``capacity_blocks``), so an estimate may exceed the true count (a block admitted
-    early) but never fall short of it before a halving. Every ``sample_blocks`` records (default
-    10 x capacity, TinyLFU's sample size) all counters are halved.
+    Counts live in a count-min sketch of 4 rows of ``width`` one-byte counters, so an estimate
+    may exceed the true count (a block admitted early) but never falls short of it before a
+    halving. Every ``sample_blocks`` records (default 10 x capacity, TinyLFU's sample size) all
+    counters are halved. The default width, the next power of two >= 4 x ``sample_blocks``,
+    keeps a block seen once from passing as seen twice with probability about 4^-4 even when
+    every record of a sample is a distinct block (40 bytes of sketch per block of capacity).
     """
 
     def __init__(
@@ -79,13 +81,13 @@ class SeenCount:
             raise ConfigError(f"admission threshold must lie in [1, {_COUNTER_MAX}]")
         if capacity_blocks <= 0:
             raise ConfigError("an admission filter needs a positive capacity")
-        width = width or max(64, 2 * capacity_blocks)
-        self.width_bits = max(6, (width - 1).bit_length())
-        self.threshold = threshold
-        self.name = "seen-twice" if threshold == 2 else f"seen-{threshold}"
         self.sample_blocks = sample_blocks or 10 * capacity_blocks
         if self.sample_blocks <= 0:
             raise ConfigError("admission sample size must be positive")
+        width = width or 4 * self.sample_blocks
+        self.width_bits = max(6, (width - 1).bit_length())
+        self.threshold = threshold
+        self.name = "seen-twice" if threshold == 2 else f"seen-{threshold}"
         self._table = np.zeros((len(_ROW_MULTIPLIERS), 1 << self.width_bits), dtype=np.uint8)
         self._mults = np.array(_ROW_MULTIPLIERS, dtype=np.uint64)[:, None]
         self._since_reset = 0

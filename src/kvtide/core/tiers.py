@@ -1,8 +1,8 @@
 """Device -> host -> disk: one ``KVCache`` per tier over the same chained block hashes.
 
-Blocks evicted from a tier are written into the next one (write-back) or written when stored
-(write-through), through an admission filter; a hit in a lower tier is reloaded, recomputed or
-split as the cost model decides, over links whose bandwidth concurrent transfers share.
+Blocks evicted from a tier are written lower (write-back) or written when stored
+(write-through), through per-tier admission filters; a hit in a lower tier is reloaded,
+recomputed or split as the cost model decides, over links that concurrent transfers share.
 
 Tier semantics (the choice and why):
 
@@ -24,6 +24,11 @@ Tier semantics (the choice and why):
   back on eviction a block the lower tier has since dropped; so the lower tier is a superset
   whenever the filter admits everything, and never loses a block that write-back would keep.
   With a filter, a device hit that the filter now admits is written down at once.
+* **Admission per tier, with write-around.** Each lower tier names the filter guarding writes
+  into it. A block the host refuses is offered to the disk (so "seen twice" on the host keeps
+  one-off blocks out of host memory while the disk still catches their first reuse); a block
+  no tier takes is dropped. Dynamo's KVBM sends a block to disk after two hits: that is
+  ``admission="seen-twice"`` on the disk tier.
 """
 
 from __future__ import annotations
@@ -136,11 +141,14 @@ class FreeReload:
 
 @dataclass(frozen=True, slots=True)
 class TierSpec:
-    """One tier: its capacity in blocks and its eviction policy (by registered name)."""
+    """One tier: its capacity in blocks, its eviction policy and the admission filter guarding
+    writes into it (both by registered name; the device takes no writes, so no filter)."""
 
     capacity_blocks: int
     policy: str = "lru"
     policy_options: Mapping[str, object] = field(default_factory=dict)
+    admission: str = "none"
+    admission_options: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +160,6 @@ class TieredCacheConfig:
     disk: TierSpec | None = None
     block_tokens: int = 16
     write_mode: WriteMode = WriteMode.WRITE_BACK
-    admission: str = "none"
-    admission_options: Mapping[str, object] = field(default_factory=dict)
     record_events: bool = False
     record_moves: bool = False
     namespace: str | None = None
@@ -374,13 +380,27 @@ class TieredCache:
         self.lower: list[tuple[Tier, KVCache]] = [
             (t, c) for t, c in self.caches.items() if t is not Tier.DEVICE
         ]
-        self._below: dict[Tier, Tier] = dict(itertools.pairwise(self.caches))
-        self.admission: AdmissionFilter = make_admission(
-            config.admission, max(config.lower_capacity_blocks, 1), config.admission_options
-        )
+        below = dict(itertools.pairwise(self.caches))
+        if config.device.admission != "none":
+            raise ConfigError("the device tier takes no writes from above: no admission filter")
+        # One filter per distinct (name, options), shared by the tiers that name it, so a
+        # request is counted once per filter; each is sized to all lower tiers together.
+        self.filters: dict[Tier, AdmissionFilter] = {}
+        shared: dict[str, AdmissionFilter] = {}
+        for tier, _ in self.lower:
+            spec = config.spec(tier)
+            assert spec is not None
+            key = f"{spec.admission}{sorted(spec.admission_options.items())!r}"
+            if key not in shared:
+                shared[key] = make_admission(
+                    spec.admission, config.lower_capacity_blocks, spec.admission_options
+                )
+            self.filters[tier] = shared[key]
+        self._recorders = list(shared.values())
+        self._lower_than = {tier: [t for t, _ in self.lower if t > tier] for tier in self.caches}
         write_through = config.write_mode is WriteMode.WRITE_THROUGH
-        self._write_hits = write_through and Tier.DEVICE in self._below
-        for tier in self._below:
+        self._write_hits = write_through and Tier.DEVICE in below
+        for tier in below:
             self.caches[tier].add_observer(_WriteDown(self, tier, write_through))
         self._counters = {tier: _Counters() for tier in self.caches}
         bottom = list(self.caches)[-1]
@@ -417,7 +437,8 @@ class TieredCache:
         n, bt = len(hashes), self.block_tokens
         self._lookups += 1
         self._prompt_tokens += prompt_tokens
-        self.admission.record(hashes)
+        for admission in self._recorders:
+            admission.record(hashes)
         dev = self.device.access(
             hashes, prompt_tokens, tenant=tenant, priority=priority, insert=False
         )
@@ -543,25 +564,30 @@ class TieredCache:
 
     def write_down(self, src: Tier, path: BlockHashes, num_blocks: int, *, on_evict: bool) -> int:
         """Writes the last ``num_blocks`` blocks of ``path`` (a full prefix held by ``src``)
-        into the tier below ``src``, up to the last block the admission filter admits, with any
-        ancestors that tier lacks. Returns the blocks written. Called by the tier observers."""
-        dst = self._below.get(src)
+        down, with any ancestors a lower tier lacks. The next tier takes them up to the last
+        block its filter admits; blocks it refuses are offered to the tier below it
+        (write-around), and what no tier takes is dropped. Returns the blocks written.
+        Called by the tier observers."""
         run = path[len(path) - num_blocks :]
-        if dst is None:
-            return 0
-        admitted = np.flatnonzero(self.admission.admit(run))
-        keep = int(admitted[-1]) + 1 if len(admitted) else 0
+        base = len(path) - num_blocks
+        placed = written_total = 0
+        for dst in self._lower_than[src]:
+            admitted = np.flatnonzero(self.filters[dst].admit(run))
+            keep = int(admitted[-1]) + 1 if len(admitted) else 0
+            if keep > placed:
+                prefix = path[: base + keep]
+                written = self.caches[dst].insert(prefix).new_blocks
+                self._counters[dst].written_blocks += written
+                written_total += written
+                placed = keep
+                if written and self.config.record_moves:
+                    moved = prefix[len(prefix) - written :]
+                    self._moves.append(TierMove(tuple(moved.tolist()), src, dst))
+            if placed == num_blocks:
+                break
         if on_evict:
-            self._counters[src].dropped_blocks += num_blocks - keep
-        if not keep:
-            return 0
-        prefix = path[: len(path) - num_blocks + keep]
-        written = self.caches[dst].insert(prefix).new_blocks
-        self._counters[dst].written_blocks += written
-        if written and self.config.record_moves:
-            moved = prefix[len(prefix) - written :]
-            self._moves.append(TierMove(tuple(moved.tolist()), src, dst))
-        return written
+            self._counters[src].dropped_blocks += num_blocks - placed
+        return written_total
 
     # --- block level, passed to the device -----------------------------------------------
 

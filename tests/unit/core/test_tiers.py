@@ -43,12 +43,14 @@ def make(
     *,
     clock: ManualClock | None = None,
     cost: LinearCost | None = None,
+    admission: str = "none",
+    disk_admission: str | None = None,
     **options: object,
 ) -> TieredCache:
     config = TieredCacheConfig(
         TierSpec(device),
-        TierSpec(host) if host else None,
-        TierSpec(disk) if disk else None,
+        TierSpec(host, admission=admission) if host else None,
+        TierSpec(disk, admission=disk_admission or admission) if disk else None,
         block_tokens=BT,
         **options,  # type: ignore[arg-type]
     )
@@ -175,6 +177,32 @@ def test_without_a_lower_tier_evicted_blocks_are_dropped() -> None:
     assert cache.stats().tiers[Tier.DEVICE].dropped_blocks == 2
     with pytest.raises(ConfigError):
         TieredCache(TieredCacheConfig(TierSpec(0)))
+    with pytest.raises(ConfigError, match="no admission filter"):
+        TieredCache(TieredCacheConfig(TierSpec(2, admission="seen-twice")))
+
+
+def test_blocks_the_host_refuses_go_around_it_to_disk() -> None:
+    cache = make(2, 8, 8, admission="seen-twice", disk_admission="none")
+    cache.access(A, prompt(A))
+    cache.access(B, prompt(B))  # A seen once: the host refuses it, the disk takes it
+    assert cached(cache, Tier.HOST, A) == 0
+    assert cached(cache, Tier.DISK, A) == 2
+    stats = cache.stats()
+    assert (stats.written_blocks(Tier.HOST), stats.written_blocks(Tier.DISK)) == (0, 2)
+    assert stats.tiers[Tier.DEVICE].dropped_blocks == 0
+    acc = cache.access(A, prompt(A))  # a disk hit; A now seen twice
+    assert acc.disk_blocks == 2
+    cache.access(C, prompt(C))  # evicts B (to disk) and A (to the host)
+    assert cached(cache, Tier.HOST, A) == 2
+    assert cached(cache, Tier.HOST, B) == 0 and cached(cache, Tier.DISK, B) == 2
+
+
+def test_a_disk_that_wants_two_hits_keeps_one_off_blocks_out() -> None:
+    cache = make(2, 2, 8, disk_admission="seen-twice")
+    for h in (A, B, C):
+        cache.access(h, prompt(h))  # A: device -> host -> dropped (seen once)
+    assert cached(cache, Tier.DISK, A) == 0
+    assert cache.stats().tiers[Tier.HOST].dropped_blocks == 2
 
 
 # --- admission and write modes ---------------------------------------------------------------
