@@ -28,8 +28,10 @@ class AdmissionFilter(Protocol):
     def record(self, hashes: BlockHashes) -> None:
         """One request looked up these blocks (its full-block hashes, in prefix order)."""
 
-    def admit(self, hashes: BlockHashes) -> BoolArray:
-        """For each block: may it be written into a lower tier now?"""
+    def admitted_prefix(self, hashes: BlockHashes) -> int:
+        """How many leading blocks of ``hashes`` (a run in prefix order) to write down: up to
+        and including the last block admitted (the blocks before it are its ancestors, which
+        a prefix-closed tier needs anyway)."""
 
 
 class AdmitAll:
@@ -43,8 +45,8 @@ class AdmitAll:
     def record(self, hashes: BlockHashes) -> None:
         pass
 
-    def admit(self, hashes: BlockHashes) -> BoolArray:
-        return np.ones(len(hashes), dtype=np.bool_)
+    def admitted_prefix(self, hashes: BlockHashes) -> int:
+        return len(hashes)
 
 
 # Odd 64-bit multipliers, one per sketch row (multiply-shift hashing, Dietzfelbinger et al.);
@@ -62,11 +64,12 @@ class SeenCount:
     """Admits a block once it has been requested ``threshold`` times (2: "seen twice").
 
     Counts live in a count-min sketch of 4 rows of ``width`` one-byte counters, so an estimate
-    may exceed the true count (a block admitted early) but never falls short of it before a
-    halving. Every ``sample_blocks`` records (default 10 x capacity, TinyLFU's sample size) all
-    counters are halved. The default width, the next power of two >= 4 x ``sample_blocks``,
-    keeps a block seen once from passing as seen twice with probability about 4^-4 even when
-    every record of a sample is a distinct block (40 bytes of sketch per block of capacity).
+    may exceed the true count (a block admitted early). Every ``sample_blocks`` records
+    (default 10 x capacity, TinyLFU's sample size) all counters are halved. The default width,
+    the next power of two >= 4 x ``sample_blocks``, keeps a block seen once from passing as
+    seen twice with probability about 4^-4 even when every record of a sample is a distinct
+    block (40 bytes of sketch per block of capacity). Two blocks of one request that share a
+    counter add one between them (about n^2 / 2 width per row for n blocks: rare).
     """
 
     def __init__(
@@ -85,27 +88,32 @@ class SeenCount:
         if self.sample_blocks <= 0:
             raise ConfigError("admission sample size must be positive")
         width = width or 4 * self.sample_blocks
-        self.width_bits = max(6, (width - 1).bit_length())
+        bits = max(6, (width - 1).bit_length())
+        self.width = 1 << bits
         self.threshold = threshold
         self.name = "seen-twice" if threshold == 2 else f"seen-{threshold}"
-        self._table = np.zeros((len(_ROW_MULTIPLIERS), 1 << self.width_bits), dtype=np.uint8)
+        rows = len(_ROW_MULTIPLIERS)
+        # One flat table: row r's counters sit at [r * width, (r + 1) * width).
+        self._table = np.zeros(rows * self.width, dtype=np.uint8)
         self._mults = np.array(_ROW_MULTIPLIERS, dtype=np.uint64)[:, None]
+        self._offsets = (np.arange(rows, dtype=np.uint64) << np.uint64(bits))[:, None]
+        self._shift = np.uint64(64 - bits)
         self._since_reset = 0
         self.num_resets = 0
 
-    def _rows(self, hashes: BlockHashes) -> npt.NDArray[np.uint64]:
+    def _cells(self, hashes: BlockHashes) -> npt.NDArray[np.uint64]:
         keys = np.frombuffer(hashes.raw, dtype="<u8")
-        return (keys[None, :] * self._mults) >> np.uint64(64 - self.width_bits)
+        cells: npt.NDArray[np.uint64] = ((keys * self._mults) >> self._shift) + self._offsets
+        return cells
 
     def record(self, hashes: BlockHashes) -> None:
         if not len(hashes):
             return
-        idx = self._rows(hashes).astype(np.intp)
-        table = self._table
-        for row in range(table.shape[0]):
-            cells = table[row]
-            np.add.at(cells, idx[row], 1)  # exact even when two blocks share a counter
-            cells[idx[row]] = np.minimum(cells[idx[row]], _COUNTER_MAX)
+        cells = self._cells(hashes).ravel()
+        counts = self._table[cells]
+        np.minimum(counts, _COUNTER_MAX - 1, out=counts)
+        counts += 1
+        self._table[cells] = counts
         self._since_reset += len(hashes)
         if self._since_reset >= self.sample_blocks:
             self._table >>= 1
@@ -114,15 +122,16 @@ class SeenCount:
 
     def estimate(self, hashes: BlockHashes) -> npt.NDArray[np.uint8]:
         """Estimated request counts of ``hashes`` (count-min: the least of the rows)."""
-        if not len(hashes):
-            return np.zeros(0, dtype=np.uint8)
-        idx = self._rows(hashes).astype(np.intp)
-        rows = np.arange(self._table.shape[0])[:, None]
-        counts: npt.NDArray[np.uint8] = self._table[rows, idx].min(axis=0)
+        counts: npt.NDArray[np.uint8] = self._table[self._cells(hashes)].min(axis=0)
         return counts
 
     def admit(self, hashes: BlockHashes) -> BoolArray:
+        """For each block: has it been requested ``threshold`` times?"""
         return self.estimate(hashes) >= self.threshold
+
+    def admitted_prefix(self, hashes: BlockHashes) -> int:
+        admitted = np.flatnonzero(self.admit(hashes))
+        return int(admitted[-1]) + 1 if len(admitted) else 0
 
 
 AdmissionFactory = Callable[..., AdmissionFilter]

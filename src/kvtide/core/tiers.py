@@ -40,8 +40,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
-
 from kvtide.clock import Clock, ManualClock
 from kvtide.core.admission import AdmissionFilter, make_admission
 from kvtide.core.cache import CacheConfig, CacheStats, KVCache, Match
@@ -572,8 +570,7 @@ class TieredCache:
         base = len(path) - num_blocks
         placed = written_total = 0
         for dst in self._lower_than[src]:
-            admitted = np.flatnonzero(self.filters[dst].admit(run))
-            keep = int(admitted[-1]) + 1 if len(admitted) else 0
+            keep = self.filters[dst].admitted_prefix(run)
             if keep > placed:
                 prefix = path[: base + keep]
                 written = self.caches[dst].insert(prefix).new_blocks

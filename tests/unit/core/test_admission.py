@@ -16,7 +16,7 @@ def blocks(*ids: int) -> BlockHashes:
 def test_none_admits_everything() -> None:
     f = make_admission("none", 10)
     assert isinstance(f, AdmitAll)
-    assert f.admit(blocks(1, 2, 3)).tolist() == [True, True, True]
+    assert f.admitted_prefix(blocks(1, 2, 3)) == 3
 
 
 def test_seen_twice_admits_from_the_second_request_on() -> None:
@@ -26,6 +26,7 @@ def test_seen_twice_admits_from_the_second_request_on() -> None:
     assert f.admit(a).tolist() == [False, False, False]
     f.record(b)  # shares the first two blocks with a
     assert f.admit(a).tolist() == [True, True, False]
+    assert f.admitted_prefix(a) == 2
     assert f.admit(b).tolist() == [True, True, False]
     f.record(a)
     assert f.admit(a).tolist() == [True, True, True]
@@ -62,6 +63,7 @@ def test_empty_runs() -> None:
     f = SeenCount(10)
     f.record(BlockHashes())
     assert f.admit(BlockHashes()).tolist() == []
+    assert f.admitted_prefix(BlockHashes()) == 0
 
 
 def test_bad_names_and_options_are_config_errors() -> None:
