@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvtide.clock import ManualClock
+from kvtide.core.cost_model import CostModel
 from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
-from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec, WriteMode
+from kvtide.core.specs import gpu_preset, resolve_model
+from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec, WriteMode
 from kvtide.types import Tier
 from kvtide.workloads import open_workload
 
@@ -34,6 +36,8 @@ class Row:
     by_tier: dict[str, float]
     host_writes: int
     disk_writes: int
+    reloaded_ratio: float
+    prefill_s_saved: float
     wall_s: float
 
 
@@ -46,12 +50,15 @@ def load(path: str, block_tokens: int) -> list[tuple[float, BlockHashes, int]]:
 
 
 def replay(
-    requests: Sequence[tuple[float, BlockHashes, int]], config: TieredCacheConfig, runs: int
+    requests: Sequence[tuple[float, BlockHashes, int]],
+    config: TieredCacheConfig,
+    runs: int,
+    cost: OnboardCost | None = None,
 ) -> tuple[TieredCache, float]:
     times = []
     for _ in range(runs):
         clock = ManualClock()
-        cache = TieredCache(config, clock)
+        cache = TieredCache(config, clock, cost)
         start = time.perf_counter()
         for arrival_s, hashes, prompt_tokens in requests:
             clock.set(max(arrival_s, clock.now()))
@@ -73,18 +80,21 @@ def main() -> None:
     )
     parser.add_argument("--disk-admission", default="none")
     parser.add_argument("--write-mode", default="write-back", choices=[m.value for m in WriteMode])
+    parser.add_argument("--model", default="llama-3-8b", help="cost model (prefill s saved)")
+    parser.add_argument("--gpu", default="h100")
     parser.add_argument("--runs", type=int, default=1, help="timing runs (median)")
     args = parser.parse_args()
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     bt = args.block_tokens
+    cost = CostModel(resolve_model(args.model), gpu_preset(args.gpu))
     requests = load(args.trace, bt)
     print(
         f"git {rev or '?'}  trace {args.trace}  requests {len(requests)}  block {bt} tokens  "
         f"device {args.device_capacity}  host {args.host_capacity}  disk {args.disk_capacity} "
         f"tokens  disk admission {args.disk_admission}  policy {args.policy}  "
-        f"{args.write_mode}  runs {args.runs} (median)  seed 0"
+        f"{args.write_mode}  cost {args.model} on {args.gpu}  runs {args.runs} (median)  seed 0"
     )
     total_blocks = sum(len(h) for _, h, _ in requests)
     unbounded = TieredCacheConfig(TierSpec(total_blocks), block_tokens=bt)
@@ -105,7 +115,7 @@ def main() -> None:
             block_tokens=bt,
             write_mode=WriteMode(args.write_mode),
         )
-        cache, wall_s = replay(requests, config, args.runs)
+        cache, wall_s = replay(requests, config, args.runs, cost)
         s = cache.stats()
         rows.append(
             Row(
@@ -114,6 +124,8 @@ def main() -> None:
                 s.hit_ratio_by_tier,
                 s.written_blocks(Tier.HOST),
                 s.written_blocks(Tier.DISK),
+                s.reloaded_ratio,
+                s.prefill_s_saved,
                 wall_s,
             )
         )
@@ -121,14 +133,16 @@ def main() -> None:
     base = rows[0]
     print(
         f"{'admission':12} {'hit':>7} {'device':>7} {'host':>7} {'disk':>7} {'x inf':>6} "
-        f"{'host writes':>11} {'x ' + base.label:>9} {'loss pts':>8} {'wall s':>7}"
+        f"{'host writes':>11} {'x ' + base.label:>9} {'loss pts':>8} {'disk writes':>11} "
+        f"{'reloaded':>8} {'saved s':>8} {'wall s':>7}"
     )
     for r in rows:
         print(
             f"{r.label:12} {r.hit_ratio:7.4f} {r.by_tier['device']:7.4f} {r.by_tier['host']:7.4f} "
             f"{r.by_tier['disk']:7.4f} {r.hit_ratio / peer:6.3f} {r.host_writes:11d} "
             f"{r.host_writes / max(base.host_writes, 1):9.3f} "
-            f"{100 * (base.hit_ratio - r.hit_ratio):8.2f} {r.wall_s:7.1f}"
+            f"{100 * (base.hit_ratio - r.hit_ratio):8.2f} {r.disk_writes:11d} "
+            f"{r.reloaded_ratio:8.4f} {r.prefill_s_saved:8.1f} {r.wall_s:7.1f}"
         )
 
 

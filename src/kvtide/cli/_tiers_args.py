@@ -11,6 +11,8 @@ import argparse
 
 from kvtide.clock import Clock
 from kvtide.core.admission import ADMISSION_FILTERS
+from kvtide.core.cost_model import CostModel
+from kvtide.core.specs import gpu_preset, resolve_model
 from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec, WriteMode
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
@@ -78,6 +80,23 @@ def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
         default=WriteMode.WRITE_BACK.value,
         help="write blocks down when evicted (write-back) or when stored (write-through)",
     )
+    group.add_argument(
+        "--model",
+        default="llama-3-8b",
+        metavar="M",
+        help="cost model: preset or config.json, for reload-vs-recompute decisions and the "
+        "prefill seconds saved (default: llama-3-8b)",
+    )
+    group.add_argument("--gpu", default="h100", metavar="G", help="GPU preset (default: h100)")
+    group.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
+    group.add_argument(
+        "--dtype", default="bf16", metavar="D", help="KV-cache dtype: bf16 or fp8 (default bf16)"
+    )
+
+
+def cost_from_args(args: argparse.Namespace) -> CostModel:
+    """The cost model the flags name (default coefficients)."""
+    return CostModel(resolve_model(args.model), gpu_preset(args.gpu), args.tp, args.dtype)
 
 
 def has_tiers(args: argparse.Namespace) -> bool:
@@ -102,8 +121,8 @@ def build_cache(
     cost: OnboardCost | None = None,
     record_events: bool = False,
 ) -> TieredCache:
-    """The tiered cache for one run: a device of ``capacity_blocks`` under ``policy`` and the
-    host and disk tiers the flags ask for."""
+    """The tiered cache for one run: a device of ``capacity_blocks`` under ``policy``, the host
+    and disk tiers the flags ask for, and the cost model they name unless ``cost`` is given."""
     host = _blocks("host", args.host_capacity, block_tokens)
     disk = _blocks("disk", args.disk_capacity, block_tokens)
     config = TieredCacheConfig(
@@ -116,7 +135,7 @@ def build_cache(
         write_mode=WriteMode(args.write_mode),
         record_events=record_events,
     )
-    return TieredCache(config, clock, cost)
+    return TieredCache(config, clock, cost if cost is not None else cost_from_args(args))
 
 
 def tier_report(cache: TieredCache) -> dict[str, object]:
@@ -142,7 +161,14 @@ def tier_report(cache: TieredCache) -> dict[str, object]:
             if (spec := config.spec(t)) is not None
         },
         "write_mode": config.write_mode.value,
+        "reload_decisions": describe_cost(cache.cost),
     }
+
+
+def describe_cost(cost: OnboardCost) -> str:
+    if isinstance(cost, CostModel):
+        return f"{cost.model.name} on {cost.gpu.name} x{cost.tp} ({cost.dtype} KV)"
+    return type(cost).__name__
 
 
 def tier_cells(report: dict[str, object]) -> dict[str, str]:

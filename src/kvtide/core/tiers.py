@@ -96,6 +96,7 @@ class OnboardCost(Protocol):
         new_tokens: int = 0,
         link_load: float = 0.0,
         *,
+        block_tokens: int = 1,
         with_break_even: bool = True,
     ) -> OnboardPlan: ...
 
@@ -129,6 +130,7 @@ class FreeReload:
         new_tokens: int = 0,
         link_load: float = 0.0,
         *,
+        block_tokens: int = 1,
         with_break_even: bool = True,
     ) -> OnboardPlan:
         return _FreePlan("reload", cached_tokens_in_tier)
@@ -429,7 +431,7 @@ class TieredCache:
 
         Lower tiers are decided fastest first, each plan treating everything after its own
         part as computed; a tier's part is used only if everything before it was reloaded
-        (a split stops the prefix). Split points are floored to whole blocks.
+        (a split stops the prefix). A split reloads whole blocks.
         """
         hashes = as_block_hashes(hashes)
         n, bt = len(hashes), self.block_tokens
@@ -476,6 +478,7 @@ class TieredCache:
                     tier,
                     prompt_tokens - (pos + k) * bt,
                     self._load(tier),
+                    block_tokens=bt,
                     with_break_even=False,
                 )
                 r = min(plan.reload_tokens // bt, k)

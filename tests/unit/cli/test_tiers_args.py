@@ -91,4 +91,13 @@ def test_the_report_is_json_and_counts_by_tier() -> None:
     assert report["capacity_tokens_by_tier"] == {"device": 32, "host": 128}
     assert report["admission_by_tier"] == {"host": "none"}
     assert report["write_mode"] == "write-back"
+    assert report["reload_decisions"] == "llama-3-8b on h100 x1 (bf16 KV)"
+    assert report["prefill_s_saved"] > 0
+    assert report["prefill_s_saved_by_tier"]["host"] > 0
     assert tier_cells(tier_report(cache))["host writes"] == "4"
+
+
+def test_an_unknown_cost_model_is_a_config_error() -> None:
+    args = parse("--host-capacity", "1k", "--model", "gpt-9")
+    with pytest.raises(ConfigError):
+        build_cache(args, capacity_blocks=4, block_tokens=16, policy="lru", clock=ManualClock())

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 import pytest
 
 from kvtide.clock import ManualClock
+from kvtide.core.cost_model import Coefficients, CostModel
 from kvtide.core.events import BlockRemoved, BlockStored
 from kvtide.core.hashing import BlockHashes, hash_block_ids
+from kvtide.core.specs import gpu_preset, model_preset
 from kvtide.core.tiers import (
     OnboardPlan,
     TieredCache,
@@ -92,6 +94,7 @@ class LinearCost:
         new_tokens: int = 0,
         link_load: float = 0.0,
         *,
+        block_tokens: int = 1,
         with_break_even: bool = True,
     ) -> OnboardPlan:
         self.loads.append(link_load)
@@ -383,3 +386,35 @@ def test_moves_record_demotions_and_reloads() -> None:
         TierMove(tuple(A.tolist()), Tier.HOST, Tier.DEVICE),
         TierMove(tuple(B.tolist()), Tier.DEVICE, Tier.HOST),
     ]
+
+
+# --- with kvtide's cost model ----------------------------------------------------------------
+
+
+def real_cost(host_link_efficiency: float) -> CostModel:
+    coefficients = Coefficients(host_link_efficiency=host_link_efficiency)
+    return CostModel(model_preset("llama-3-8b"), gpu_preset("h100"), coefficients=coefficients)
+
+
+@pytest.mark.parametrize(("efficiency", "action"), [(0.8, "split"), (1e-4, "recompute")])
+def test_the_cost_model_decides_and_a_slow_host_link_means_recompute(
+    efficiency: float, action: str
+) -> None:
+    cost = real_cost(efficiency)
+    config = TieredCacheConfig(TierSpec(64), TierSpec(256), block_tokens=BT)
+    cache = TieredCache(config, ManualClock(), cost)
+    long_a, long_b = chain(*range(64)), chain(*range(100, 164))
+    cache.access(long_a, 1024)
+    cache.access(long_b, 1024)
+    acc = cache.access(long_a, 1024 + 7)
+    assert acc.host_blocks == 64
+    decision = cost.decide_onboard(1024, Tier.HOST, 7, block_tokens=BT, with_break_even=False)
+    assert decision.action == action
+    reloaded = decision.reload_tokens  # at 0.8: 848 reloaded while 176 + 7 are computed
+    assert acc.reload_blocks[Tier.HOST] * BT == reloaded
+    assert acc.onboard_s == decision.time_s
+    assert acc.prefill_s_saved == pytest.approx(decision.recompute_s - decision.time_s)
+    assert (acc.prefill_s_saved > 0) == (reloaded > 0)
+    link = cache.links[Tier.HOST]
+    assert link.bytes_per_s == cost.link_bytes_per_s(Tier.HOST)
+    assert link.bytes_total == cost.kv_bytes(reloaded)
