@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--disk-capacity", type=tokens, default=0)
     parser.add_argument("--policy", default="lru", help="eviction policy of every tier")
     parser.add_argument(
+        "--host-policy", help="eviction policy of the host tier (default: --policy)"
+    )
+    parser.add_argument(
         "--admission", nargs="+", default=["none", "seen-twice"], help="host filters to compare"
     )
     parser.add_argument("--disk-admission", default="none")
@@ -94,6 +97,7 @@ def main() -> None:
         f"git {rev or '?'}  trace {args.trace}  requests {len(requests)}  block {bt} tokens  "
         f"device {args.device_capacity}  host {args.host_capacity}  disk {args.disk_capacity} "
         f"tokens  disk admission {args.disk_admission}  policy {args.policy}  "
+        f"host policy {args.host_policy or args.policy}  "
         f"{args.write_mode}  cost {args.model} on {args.gpu}  runs {args.runs} (median)  seed 0"
     )
     total_blocks = sum(len(h) for _, h, _ in requests)
@@ -101,17 +105,17 @@ def main() -> None:
     infinite, inf_s = replay(requests, unbounded, 1)
     peer = infinite.stats().hit_ratio
 
-    def spec(capacity: int, admission: str) -> TierSpec | None:
+    def spec(capacity: int, admission: str, policy: str) -> TierSpec | None:
         if capacity < bt:
             return None
-        return TierSpec(capacity // bt, args.policy, admission=admission)
+        return TierSpec(capacity // bt, policy, admission=admission)
 
     rows = []
     for admission in args.admission:
         config = TieredCacheConfig(
             TierSpec(args.device_capacity // bt, args.policy),
-            spec(args.host_capacity, admission),
-            spec(args.disk_capacity, args.disk_admission),
+            spec(args.host_capacity, admission, args.host_policy or args.policy),
+            spec(args.disk_capacity, args.disk_admission, args.policy),
             block_tokens=bt,
             write_mode=WriteMode(args.write_mode),
         )
