@@ -435,6 +435,8 @@ class TieredCache:
         """
         hashes = as_block_hashes(hashes)
         n, bt = len(hashes), self.block_tokens
+        if prompt_tokens < n * bt:
+            raise ValueError(f"{n} full blocks need at least {n * bt} prompt tokens")
         self._lookups += 1
         self._prompt_tokens += prompt_tokens
         for admission in self._recorders:
