@@ -139,12 +139,18 @@ def build_cache(
 
 
 def tier_report(cache: TieredCache) -> dict[str, object]:
-    """The tier part of a run's JSON report."""
+    """The tier part of a run's JSON report. ``hit_ratio``, ``block_hit_ratio`` and
+    ``hit_tokens`` count every tier (they replace the device's own in a run's row)."""
     stats = cache.stats()
     config = cache.config
     names = {tier: tier.name.lower() for tier in Tier}
+    full_blocks = stats.device.full_blocks
     return {
         "hit_ratio": stats.hit_ratio,
+        "block_hit_ratio": stats.hit_tokens / config.block_tokens / full_blocks
+        if full_blocks
+        else 0.0,
+        "hit_tokens": stats.hit_tokens,
         "hit_ratio_by_tier": stats.hit_ratio_by_tier,
         "reloaded_ratio": stats.reloaded_ratio,
         "host_writes_blocks": stats.written_blocks(Tier.HOST),

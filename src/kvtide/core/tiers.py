@@ -42,7 +42,7 @@ from typing import Protocol
 
 from kvtide.clock import Clock, ManualClock
 from kvtide.core.admission import AdmissionFilter, make_admission
-from kvtide.core.cache import CacheConfig, CacheStats, KVCache, Match
+from kvtide.core.cache import CacheConfig, CacheStats, KVCache
 from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.link import Link
@@ -425,9 +425,11 @@ class TieredCache:
         priority: int = 0,
         insert: bool = True,
         lock: bool = False,
+        shadow_hashes: Sequence[BlockHash] | None = None,
     ) -> TieredAccess:
         """Looks a request up across tiers, decides its onboarding and (with ``insert``)
         stores its whole prompt on the device. With ``lock`` the caller must ``unlock``.
+        ``shadow_hashes`` classify device misses as in ``KVCache.access``.
 
         Lower tiers are decided fastest first, each plan treating everything after its own
         part as computed; a tier's part is used only if everything before it was reloaded
@@ -441,17 +443,29 @@ class TieredCache:
         self._prompt_tokens += prompt_tokens
         for admission in self._recorders:
             admission.record(hashes)
+        # Lower tiers are looked up before the device stores the prompt, since its evictions
+        # write into them; a peek (no touch, may stop short) skips them on a full device hit.
+        lower_ends: dict[Tier, int] = {}
+        if self.lower and self.device.match(hashes, touch=False).num_blocks < n:
+            end = 0
+            for tier, cache in self.lower:
+                lower_ends[tier] = m = cache.match(hashes).num_blocks
+                end = max(end, m)
+                if end >= n:
+                    break
         dev = self.device.access(
-            hashes, prompt_tokens, tenant=tenant, priority=priority, insert=False
+            hashes,
+            prompt_tokens,
+            tenant=tenant,
+            priority=priority,
+            insert=insert,
+            lock=lock,
+            shadow_hashes=shadow_hashes,
         )
         d = dev.hit_blocks
-        version = self.device.tree.version
         found = {tier: 0 for tier in LOWER_TIERS}
         end = d
-        for tier, cache in self.lower:
-            if end >= n:
-                break
-            m = cache.match(hashes).num_blocks
+        for tier, m in lower_ends.items():
             if m > end:
                 found[tier] = m - end
                 end = m
@@ -501,26 +515,19 @@ class TieredCache:
             pos += k
         if onboard_s < 0:
             onboard_s = cost.prefill_time(prompt_tokens - d * bt, d * bt)
-        handle, new = dev.handle, 0
-        if insert and d < n:
-            match = Match(d, dev.handle, self.device.tree, version)
-            ins = self.device.insert(hashes, match=match, tenant=tenant, priority=priority)
-            handle, new = ins.handle, ins.new_blocks
         if self._write_hits and d:
             # Selective write-through (SGLang HiCache's write_through_selective): a device hit
             # the filter now admits is backed up at once instead of waiting for its eviction.
             self.write_down(Tier.DEVICE, hashes[:d], d, on_evict=False)
-        if lock:
-            self.device.lock(handle)
         return TieredAccess(
             device_blocks=d,
             host_blocks=found[Tier.HOST],
             disk_blocks=found[Tier.DISK],
             reload_blocks=reload,
-            new_blocks=new,
+            new_blocks=dev.new_blocks,
             onboard_s=onboard_s,
             prefill_s_saved=saved,
-            handle=handle,
+            handle=dev.handle,
             tree=self.device.tree,
         )
 
@@ -546,11 +553,14 @@ class TieredCache:
                 end = k
         if end == start:
             return moved
+        # Store first: the device's evictions (written down) free the slots the copies fill.
+        left = self.device.insert(hashes[:end], match=m).new_blocks
         pos = start
         for tier in LOWER_TIERS:
-            k = moved[tier]
+            k = moved[tier] = min(moved[tier], left)
             if not k:
                 continue
+            left -= k
             self._counters[tier].prefetched_blocks += k
             link = self.links.get(tier)
             if link is not None:
@@ -560,7 +570,6 @@ class TieredCache:
                     TierMove(tuple(hashes[pos : pos + k].tolist()), tier, Tier.DEVICE)
                 )
             pos += k
-        self.device.insert(hashes[:end], match=m)
         return moved
 
     # --- writing down --------------------------------------------------------------------
@@ -616,7 +625,9 @@ class TieredCache:
         return events
 
     def take_moves(self) -> list[TierMove]:
-        """Drains the copies between tiers since the last call (``record_moves``), in order."""
+        """Drains the copies between tiers since the last call (``record_moves``), in the
+        order to carry them out: a request's demotions (which free device slots) come before
+        the reloads that fill them."""
         moves, self._moves = self._moves, []
         return moves
 

@@ -84,7 +84,8 @@ def test_the_report_is_json_and_counts_by_tier() -> None:
     for hashes in (a, b, a):
         cache.access(hashes, 32)
     report = json.loads(json.dumps(tier_report(cache)))
-    assert report["hit_ratio"] == pytest.approx(1 / 3)
+    assert report["hit_ratio"] == report["block_hit_ratio"] == pytest.approx(1 / 3)
+    assert report["hit_tokens"] == 32
     assert report["hit_ratio_by_tier"] == {"device": 0.0, "host": pytest.approx(1 / 3), "disk": 0.0}
     assert report["host_writes_blocks"] == 4
     assert report["disk_writes_blocks"] == 0

@@ -343,8 +343,8 @@ def test_prefetch_moves_a_prefix_up_before_its_request() -> None:
     cache.take_moves()
     assert cache.prefetch(A) == {Tier.HOST: 2, Tier.DISK: 0}
     assert cache.take_moves() == [
+        TierMove(tuple(B.tolist()), Tier.DEVICE, Tier.HOST),  # frees the slots A fills
         TierMove(tuple(A.tolist()), Tier.HOST, Tier.DEVICE),
-        TierMove(tuple(B.tolist()), Tier.DEVICE, Tier.HOST),
     ]
     assert cache.prefetch(A) == {Tier.HOST: 0, Tier.DISK: 0}  # already there
     acc = cache.access(A, prompt(A))
@@ -385,8 +385,8 @@ def test_moves_record_demotions_and_reloads() -> None:
     cache.access(A, prompt(A))
     assert cache.take_moves() == [
         TierMove(tuple(A.tolist()), Tier.DEVICE, Tier.HOST),
+        TierMove(tuple(B.tolist()), Tier.DEVICE, Tier.HOST),  # frees the slots A fills
         TierMove(tuple(A.tolist()), Tier.HOST, Tier.DEVICE),
-        TierMove(tuple(B.tolist()), Tier.DEVICE, Tier.HOST),
     ]
 
 
