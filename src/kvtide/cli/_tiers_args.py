@@ -177,15 +177,19 @@ def describe_cost(cost: OnboardCost) -> str:
     return type(cost).__name__
 
 
-def tier_cells(report: dict[str, object]) -> dict[str, str]:
-    """Table cells (header -> text) for one run's tier report."""
-    by_tier = report["hit_ratio_by_tier"]
-    assert isinstance(by_tier, dict)
-    return {
-        "hit (all)": f"{report['hit_ratio']:.4f}",
-        "device": f"{by_tier['device']:.4f}",
-        "host": f"{by_tier['host']:.4f}",
-        "disk": f"{by_tier['disk']:.4f}",
-        "host writes": f"{report['host_writes_blocks']}",
-        "prefill s saved": f"{report['prefill_s_saved']:.1f}",
-    }
+TIER_COLUMNS = ("device", "host", "disk", "host writes", "prefill s saved")
+"""Table headers of ``tier_cells``, in order."""
+
+
+def tier_cells(report: dict[str, object]) -> tuple[str, ...]:
+    """A run's table cells under ``TIER_COLUMNS`` ("-" for a row without tiers)."""
+    by_tier = report.get("hit_ratio_by_tier")
+    if not isinstance(by_tier, dict):
+        return ("-",) * len(TIER_COLUMNS)
+    return (
+        f"{100 * by_tier['device']:.2f}%",
+        f"{100 * by_tier['host']:.2f}%",
+        f"{100 * by_tier['disk']:.2f}%",
+        f"{report['host_writes_blocks']:,}",
+        f"{report['prefill_s_saved']:,.1f}",
+    )
