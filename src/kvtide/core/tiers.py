@@ -505,9 +505,10 @@ class TieredCache:
                     link = self.links.get(tier)
                     if link is not None:
                         link.submit(cost.kv_bytes(r * bt))
-                    if self.config.record_moves:
+                    stored = min(pos + r, d + dev.new_blocks)  # a full device may store less
+                    if self.config.record_moves and stored > pos:
                         self._moves.append(
-                            TierMove(tuple(hashes[pos : pos + r].tolist()), tier, Tier.DEVICE)
+                            TierMove(tuple(hashes[pos:stored].tolist()), tier, Tier.DEVICE)
                         )
                 c.prefill_s_saved += plan.recompute_s - plan.time_s
                 saved += plan.recompute_s - plan.time_s

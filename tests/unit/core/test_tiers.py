@@ -420,3 +420,15 @@ def test_the_cost_model_decides_and_a_slow_host_link_means_recompute(
     link = cache.links[Tier.HOST]
     assert link.bytes_per_s == cost.link_bytes_per_s(Tier.HOST)
     assert link.bytes_total == cost.kv_bytes(reloaded)
+
+
+def test_no_move_is_recorded_for_blocks_a_full_device_cannot_store() -> None:
+    cache = make(2, 8, record_moves=True)
+    cache.access(A, prompt(A))
+    locked = cache.access(B, prompt(B), lock=True)  # A -> host; B holds the whole device
+    cache.take_moves()
+    acc = cache.access(A, prompt(A))
+    assert acc.host_blocks == 2 and acc.reload_blocks[Tier.HOST] == 2  # loaded for this run
+    assert acc.new_blocks == 0
+    assert cache.take_moves() == []  # but not kept on the device
+    cache.unlock(locked.handle)
