@@ -81,6 +81,8 @@ class BenchConfig:
     prefill_cached: tuple[int, ...] = (0, 4096, 16384)
     memory_new: tuple[int, ...] = (1, 8)
     copy_sizes: tuple[int, ...] = tuple(4096 << (2 * i) for i in range(9))  # 4 KiB .. 256 MiB
+    copy_budget_bytes: int = 256 * MIB
+    """Bytes copied per timed run of one size (at least 8 and at most 1000 copies)."""
     repeats: int = 5
     chunk_tokens: int = 256
     block_tokens: int = 16
@@ -93,6 +95,7 @@ QUICK = {
     "prefill_cached": (0, 32),
     "memory_new": (1,),
     "copy_sizes": (4096, 65536, MIB),
+    "copy_budget_bytes": 4 * MIB,
     "repeats": 2,
     "chunk_tokens": 32,
     "block_tokens": 8,
@@ -478,7 +481,7 @@ class TorchRunner:
                 torch.empty(largest, dtype=torch.uint8, device=self.device) for _ in range(2)
             )
             for size in sizes:
-                count = max(8, min(1000, (256 * MIB) // size))
+                count = max(8, min(1000, self.config.copy_budget_bytes // size))
                 h2d = _copier(dev_in[:size], host_in[:size], count)
                 d2h = _copier(host_out[:size], dev_out[:size], count)
                 rows.append(CopyRow(memory, "h2d", size, self.median_seconds(h2d) / count))

@@ -199,9 +199,11 @@ def print_report(report: dict[str, Any], coefficients_source: str) -> None:
 
 
 def _plan(action: str, reload_tokens: int, prompt_tokens: int) -> str:
-    if action == OnboardAction.SPLIT:
-        return f"split {reload_tokens / prompt_tokens:.0%}"
-    return action
+    if action != OnboardAction.SPLIT:
+        return action
+    share = f"{reload_tokens / prompt_tokens:.0%}"
+    # A split always leaves something on both sides: never print it as 0% or 100%.
+    return "split " + {"0%": "<1%", "100%": ">99%"}.get(share, share)
 
 
 def _tokens(value: int | None) -> str:

@@ -86,6 +86,13 @@ def fit_prefill(cost: CostModel, rows: Sequence[PrefillSample]) -> PrefillFit:
     return PrefillFit(fitted.coefficients, fit_error(predicted, [r.seconds for r in rows]))
 
 
+def calibrate(cost: CostModel, rows: Sequence[PrefillSample]) -> tuple[CostModel, PrefillFit]:
+    """``cost`` with its prefill coefficients fitted to ``rows``, and the fit (see
+    `fit_prefill`)."""
+    fit = fit_prefill(cost, rows)
+    return replace(cost, coefficients=fit.coefficients), fit
+
+
 def _compute_bound(cost: CostModel, rows: Sequence[PrefillSample]) -> list[bool]:
     return [
         cost.prefill_compute_time(r.new_tokens, r.cached_tokens)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from kvtide.core.onboard import OnboardDecision, decide_onboard
@@ -102,12 +103,13 @@ class _Link:
     chunk_latency_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CostModel:
     """Times in seconds for one model served on ``tp`` GPUs of one kind.
 
     Byte counts passed in and returned are logical: the whole model's KV, all tensor-parallel
     ranks together. Internally each rank moves its own shard over its own link, in parallel.
+    Immutable; derived constants are cached on first use (hence no ``slots``).
     """
 
     model: ModelSpec
@@ -129,7 +131,7 @@ class CostModel:
 
     # --- KV sizes -------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         """KV bytes one token adds, whole model."""
         return self.model.kv_bytes_per_token(self.dtype)
@@ -139,7 +141,7 @@ class CostModel:
         _check_count("tokens", tokens)
         return tokens * self.kv_bytes_per_token
 
-    @property
+    @cached_property
     def num_kv_shards(self) -> int:
         """Ranks that each hold a distinct slice of the KV.
 
@@ -150,7 +152,7 @@ class CostModel:
             return 1
         return min(self.tp, self.model.num_kv_heads)
 
-    @property
+    @cached_property
     def chunk_bytes_per_rank(self) -> float:
         """Bytes of one copy: one layer of one chunk of ``chunk_tokens`` tokens, on one rank."""
         per_layer = self.kv_bytes_per_token / self.model.num_layers / self.num_kv_shards
@@ -158,13 +160,21 @@ class CostModel:
 
     # --- compute --------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def _flops_per_s(self) -> float:
         return self.gpu.bf16_flops_per_s * self.tp * self.coefficients.prefill_efficiency
 
+    @cached_property
+    def _flops_per_token(self) -> float:
+        return 2.0 * self.model.matmul_params
+
+    @cached_property
+    def _flops_per_pair(self) -> float:
+        return float(self.model.attention_flops_per_pair)
+
     def linear_flops(self, new_tokens: int) -> float:
         """Matmul FLOPs of prefilling ``new_tokens`` tokens: 2 · matmul params · tokens."""
-        return 2.0 * self.model.matmul_params * new_tokens
+        return self._flops_per_token * new_tokens
 
     def attention_flops(self, new_tokens: int, cached_tokens: int) -> float:
         """Causal attention FLOPs of ``new_tokens`` tokens after ``cached_tokens`` cached ones.
@@ -173,7 +183,7 @@ class CostModel:
         n·p + n(n+1)/2 (query, key) pairs.
         """
         n, p = new_tokens, cached_tokens
-        return self.model.attention_flops_per_pair * (n * p + n * (n + 1) / 2)
+        return self._flops_per_pair * (n * p + n * (n + 1) / 2)
 
     def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Seconds to prefill ``new_tokens`` tokens whose first ``cached_tokens`` of context are
@@ -206,9 +216,20 @@ class CostModel:
 
     def prefill_memory_time(self, new_tokens: int, cached_tokens: int) -> float:
         """Weights the tokens touch plus the context's KV, read once from HBM, per rank."""
-        weights = self.model.weight_bytes_read(new_tokens) / self.tp
-        kv = self.kv_bytes(cached_tokens + new_tokens) / self.num_kv_shards
-        return (weights + kv) / (self.gpu.hbm_bytes_per_s * self.coefficients.memory_efficiency)
+        if self.model.num_experts:
+            weights = self.model.weight_bytes_read(new_tokens) / self.tp
+        else:
+            weights = self._dense_weight_bytes_per_rank
+        kv = (cached_tokens + new_tokens) * self.kv_bytes_per_token / self.num_kv_shards
+        return (weights + kv) / self._hbm_bytes_per_s
+
+    @cached_property
+    def _dense_weight_bytes_per_rank(self) -> float:
+        return self.model.weight_bytes_read(1) / self.tp
+
+    @cached_property
+    def _hbm_bytes_per_s(self) -> float:
+        return self.gpu.hbm_bytes_per_s * self.coefficients.memory_efficiency
 
     def prefill_tokens_per_s(self, prompt_tokens: int = 4096) -> float:
         """Prefill throughput of one ``prompt_tokens``-token prompt from scratch, tokens/s."""
@@ -237,16 +258,28 @@ class CostModel:
     # --- transfers ------------------------------------------------------------------------
 
     def _link(self, tier: Tier, to_device: bool) -> _Link:
+        try:
+            return self._links[(tier, to_device)]
+        except KeyError:
+            raise ConfigError(f"no link for tier {tier.name}") from None
+
+    @cached_property
+    def _links(self) -> dict[tuple[Tier, bool], _Link]:
+        return {
+            (tier, to_device): self._make_link(tier, to_device)
+            for tier in (Tier.HOST, Tier.DISK)
+            for to_device in (True, False)
+        }
+
+    def _make_link(self, tier: Tier, to_device: bool) -> _Link:
         c, gpu = self.coefficients, self.gpu
         pcie = gpu.host_to_device_bytes_per_s if to_device else gpu.device_to_host_bytes_per_s
         host_rate = pcie * c.host_link_efficiency
         if tier is Tier.HOST:
             return _Link(host_rate, c.host_transfer_overhead_s, c.host_chunk_latency_s)
-        if tier is Tier.DISK:
-            # Disk data crosses the drive and then PCIe, pipelined: the slower one sets the rate.
-            rate = min(gpu.nvme_bytes_per_s * c.disk_efficiency, host_rate)
-            return _Link(rate, c.disk_transfer_overhead_s, c.disk_chunk_latency_s)
-        raise ConfigError(f"no link for tier {tier.name}")
+        # Disk data crosses the drive and then PCIe, pipelined: the slower one sets the rate.
+        rate = min(gpu.nvme_bytes_per_s * c.disk_efficiency, host_rate)
+        return _Link(rate, c.disk_transfer_overhead_s, c.disk_chunk_latency_s)
 
     def link_bytes_per_s(
         self, tier: Tier, link_load: float = 0.0, *, to_device: bool = True

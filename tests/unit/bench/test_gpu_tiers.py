@@ -191,6 +191,7 @@ def run_bench(tmp_path: Path, argv: list[str]) -> dict[str, Any]:
 
 
 @pytest.mark.torch
+@pytest.mark.slow  # importing torch and torch._dynamo takes seconds on shared cores
 def test_cpu_smoke_run(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     argv = [

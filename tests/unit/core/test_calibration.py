@@ -10,6 +10,7 @@ import pytest
 from kvtide.core.calibration import (
     Calibration,
     PrefillSample,
+    calibrate,
     fit_prefill,
     fit_transfer,
     load_calibration,
@@ -175,3 +176,10 @@ def test_bad_calibration_files_are_config_errors(tmp_path: Path, text: str, prob
     path.write_text(text)
     with pytest.raises(ConfigError, match=problem):
         load_calibration(path)
+
+
+def test_calibrate_returns_a_calibrated_cost_model() -> None:
+    cost, fit = calibrate(start(), synthetic_rows(noise=0.0))
+    assert cost.coefficients == fit.coefficients
+    assert cost.coefficients.prefill_efficiency == pytest.approx(0.62, rel=1e-9)
+    assert cost.model == start().model
