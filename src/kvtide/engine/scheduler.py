@@ -23,6 +23,7 @@ from kvtide.core.cache import KVCache, Match
 from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.node import Node
+from kvtide.core.tiers import TieredCache
 from kvtide.engine.prefix_source import NoSource, PrefixSource
 from kvtide.engine.timing import DecodeRun, IterationTimer
 from kvtide.errors import CapacityError, ConfigError
@@ -64,7 +65,10 @@ class RequestRecord:
     prompt_tokens: int
     output_tokens: int
     hit_tokens: int
-    """Prompt tokens found cached at the first admission (fetched ones included)."""
+    """Prompt tokens found cached at the first admission, in any tier or fetched."""
+    host_hit_tokens: int
+    """Of those, tokens found in host memory (reloaded or, if cheaper, recomputed)."""
+    disk_hit_tokens: int
     fetched_tokens: int
     """Of those, tokens fetched from elsewhere (another replica, a global pool)."""
     prefill_tokens: int
@@ -77,11 +81,13 @@ class Sequence:
 
     __slots__ = (
         "arrival_s",
+        "disk_hit_tokens",
         "fetched_tokens",
         "first_token_s",
         "handle",
         "hashes",
         "hit_tokens",
+        "host_hit_tokens",
         "is_prefilled",
         "kv_capacity_tokens",
         "num_computed",
@@ -116,6 +122,8 @@ class Sequence:
         self.output_limit = max(1, request.output_tokens)
         self.hit_tokens = -1  # -1 until first admitted
         self.fetched_tokens = 0
+        self.host_hit_tokens = 0
+        self.disk_hit_tokens = 0
         self.onboard_s = 0.0  # transfer time charged to the first chunk's iteration
         self.prefill_tokens = 0
         self.num_preemptions = 0
@@ -176,8 +184,11 @@ class EngineStats:
 class Scheduler:
     """Continuous batching for one replica over ``cache`` (its pool is the engine's KV).
 
-    ``source`` offers prompt blocks held elsewhere; fetched blocks count as hits and their
-    transfer time is added to the iteration that starts the request's prefill.
+    With ``tiers`` (whose device tier must be ``cache``) prompts are looked up through the
+    tiered cache's ``access``: host and disk hits are reloaded or recomputed as its cost model
+    decides, and device evictions are written down. ``source`` offers prompt blocks held
+    elsewhere (other replicas). Reloads and fetches count as hits; the part of their transfer
+    time that the request's own prefill does not hide is added to the iteration that starts it.
     """
 
     def __init__(
@@ -187,9 +198,13 @@ class Scheduler:
         timer: IterationTimer,
         clock: Clock,
         source: PrefixSource | None = None,
+        tiers: TieredCache | None = None,
     ) -> None:
+        if tiers is not None and tiers.device is not cache:
+            raise ConfigError("the engine's cache must be the tiered cache's device tier")
         self.config = config
         self.cache = cache
+        self.tiers = tiers
         self.timer = timer
         self.clock = clock
         self.source: PrefixSource = source or NoSource()
@@ -246,6 +261,9 @@ class Scheduler:
         return total
 
     def take_events(self) -> list[KVEvent]:
+        """The cache's KV events since the last call (every tier's, when tiered)."""
+        if self.tiers is not None:
+            return self.tiers.take_events()
         return self.cache.take_events()
 
     # --- planning -------------------------------------------------------------------------
@@ -354,6 +372,8 @@ class Scheduler:
             seq.hit_tokens = max(seq.hit_tokens, 0)
             return True
         hashes = seq.hashes
+        if self.tiers is not None:
+            return self._allocate_tiered(seq, self.tiers, target, total_blocks)
         match = cache.match(hashes)
         hit = match.num_blocks
         cache.lock(match.handle)
@@ -386,15 +406,73 @@ class Scheduler:
         cached = hit * self.block_tokens + fetched
         if fetch is not None and fetched:
             seq.onboard_s = fetch.seconds
-        # At least the last token is always computed: it yields the next token's logits.
-        seq.num_computed = min(cached, target - 1)
-        seq.num_target = target
+        self._start_prefill(seq, target, cached)
         if seq.hit_tokens < 0:
-            seq.hit_tokens = cached
-            seq.fetched_tokens = fetched
-            self.stats.hit_tokens += cached
-            self.stats.fetched_tokens += fetched
-            self.stats.prompt_tokens += req.prompt_tokens
+            self._count_hits(seq, cached, fetched=fetched)
+        return True
+
+    def _start_prefill(self, seq: Sequence, target: int, usable_tokens: int) -> None:
+        # At least the last token is always computed: it yields the next token's logits.
+        seq.num_computed = min(usable_tokens, target - 1)
+        seq.num_target = target
+
+    def _count_hits(
+        self, seq: Sequence, hit: int, *, fetched: int = 0, host: int = 0, disk: int = 0
+    ) -> None:
+        seq.hit_tokens = hit
+        seq.fetched_tokens = fetched
+        seq.host_hit_tokens = host
+        seq.disk_hit_tokens = disk
+        stats = self.stats
+        stats.hit_tokens += hit
+        stats.fetched_tokens += fetched
+        stats.prompt_tokens += seq.request.prompt_tokens
+
+    def _allocate_tiered(
+        self, seq: Sequence, tiers: TieredCache, target: int, total_blocks: int
+    ) -> bool:
+        """The tiered path: make room on the device first (a peek, locked, so the evictions
+        cannot take the request's own prefix), then let the tiered cache look the prompt up in
+        every tier, decide reloads, and store it; ``False`` if the room is not there."""
+        cache, hashes, bt = self.cache, seq.hashes, self.block_tokens
+        req = seq.request
+        peek = cache.match(hashes, touch=False)
+        need = len(hashes) - peek.num_blocks + total_blocks - len(hashes)
+        pool = cache.pool
+        if pool.num_free < need:
+            cache.lock(peek.handle)
+            cache.evict(need - pool.num_free)
+            cache.unlock(peek.handle)
+            if pool.num_free < need:
+                return False
+        access = tiers.access(
+            hashes, req.prompt_tokens, tenant=req.tenant, priority=req.priority, lock=True
+        )
+        assert access.cached_blocks == len(hashes), "room was reserved for the prompt"
+        private = pool.try_allocate(total_blocks - len(hashes))
+        assert private is not None, "room was reserved for the private blocks"
+        seq.handle = access.handle
+        seq.tree_blocks = len(hashes)
+        seq.private = private
+        seq.kv_capacity_tokens = total_blocks * bt
+        usable = access.usable_blocks * bt
+        # The plan's time covers the reloads and the prefill of the rest, overlapped layer by
+        # layer; the engine computes that prefill itself, so only the excess is the reload's.
+        computed = max(target - usable, 1)
+        prefill_s = tiers.cost.prefill_time(computed, min(usable, target - 1))
+        seq.onboard_s = (
+            max(0.0, access.onboard_s - prefill_s)
+            if access.host_blocks or access.disk_blocks
+            else 0.0
+        )
+        self._start_prefill(seq, target, usable)
+        if seq.hit_tokens < 0:
+            self._count_hits(
+                seq,
+                access.hit_blocks * bt,
+                host=access.host_blocks * bt,
+                disk=access.disk_blocks * bt,
+            )
         return True
 
     def _grant(self, seq: Sequence, blocks: array[int]) -> None:
@@ -524,6 +602,8 @@ class Scheduler:
             prompt_tokens=req.prompt_tokens,
             output_tokens=seq.output_tokens,
             hit_tokens=max(seq.hit_tokens, 0),
+            host_hit_tokens=seq.host_hit_tokens,
+            disk_hit_tokens=seq.disk_hit_tokens,
             fetched_tokens=seq.fetched_tokens,
             prefill_tokens=seq.prefill_tokens,
             num_preemptions=seq.num_preemptions,

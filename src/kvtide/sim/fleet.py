@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import BlockHashes
+from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec
 from kvtide.engine.prefix_source import NO_FETCH, Fetch
 from kvtide.engine.scheduler import Batch, EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
@@ -66,6 +67,10 @@ class FleetConfig:
     """(start, end) seconds during which the index's coordinator is down: its state is lost
     at the start and events sent meanwhile are lost, so the router sees an empty index; the
     first batch after the end reveals the gap and the replica is resynced from a snapshot."""
+    host_capacity_blocks: int = 0
+    """A host-memory tier per replica under the device (0: none), written back on eviction
+    and reloaded as the cost model decides (``kvtide.core.tiers``)."""
+    host_admission: str = "none"
     kv_transfer: bool = False
     """A global KV pool: a replica fetches a longer prefix held by another replica over the
     network when that beats recomputing it (Mooncake's store)."""
@@ -85,6 +90,10 @@ class FleetConfig:
                 raise ConfigError(f"outage of replica {outage.replica}: no such replica")
             if outage.end_s is not None and outage.end_s < outage.start_s:
                 raise ConfigError("an outage must end after it starts")
+        if self.host_capacity_blocks < 0:
+            raise ConfigError("the host tier's capacity must be >= 0")
+        if self.host_capacity_blocks and self.kv_transfer:
+            raise ConfigError("a host tier and a global KV pool cannot be combined (yet)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +110,7 @@ class Replica:
     __slots__ = (
         "batch",
         "cache",
+        "caches",
         "engine",
         "generation",
         "index",
@@ -113,7 +123,9 @@ class Replica:
     def __init__(self, index: int, engine: Scheduler, cache: KVCache) -> None:
         self.index = index
         self.engine = engine
-        self.cache = cache
+        self.cache = cache  # the device tier
+        tiers = engine.tiers
+        self.caches = list(tiers.caches.values()) if tiers is not None else [cache]
         self.state = ReplicaState(
             f"r{index}",
             capacity_blocks=cache.capacity_blocks,
@@ -184,8 +196,10 @@ class Fleet:
         health: IndexHealth | None = None,
         transfer_s: Callable[[int], float] = lambda tokens: 0.0,
         recompute_s: Callable[[int, int], float] = lambda new, cached: 0.0,
+        tier_cost: OnboardCost | None = None,
     ) -> None:
         self.config = config
+        self.tier_cost = tier_cost
         self.index = index
         self.loop = loop
         self.clock: ManualClock = loop.clock
@@ -197,10 +211,11 @@ class Fleet:
         if config.num_decode_replicas:
             prefill_engine = dataclasses.replace(prefill_engine, prefill_only=True)
         self.replicas = [
-            self._make_replica(i, prefill_engine, timer) for i in range(config.num_replicas)
+            self._make_replica(i, prefill_engine, timer, is_routed=True)
+            for i in range(config.num_replicas)
         ]
         self.decoders = [
-            self._make_replica(config.num_replicas + i, config.engine, timer)
+            self._make_replica(config.num_replicas + i, config.engine, timer, is_routed=False)
             for i in range(config.num_decode_replicas)
         ]
         if config.kv_transfer:
@@ -226,8 +241,27 @@ class Fleet:
         if config.coordinator_outage is not None and index is not None:
             loop.at(config.coordinator_outage[0], self._coordinator_down)
 
-    def _make_replica(self, index: int, engine: EngineConfig, timer: IterationTimer) -> Replica:
+    def _make_replica(
+        self, index: int, engine: EngineConfig, timer: IterationTimer, *, is_routed: bool
+    ) -> Replica:
+        """A routed replica gets the host tier; a decode replica only its device."""
         cfg = self.config
+        if cfg.host_capacity_blocks and is_routed:
+            tiers = TieredCache(
+                TieredCacheConfig(
+                    device=TierSpec(cfg.capacity_blocks, cfg.eviction),
+                    host=TierSpec(
+                        cfg.host_capacity_blocks, cfg.eviction, admission=cfg.host_admission
+                    ),
+                    block_tokens=cfg.block_tokens,
+                    record_events=True,
+                    ghost_blocks=0,
+                ),
+                self.clock,
+                self.tier_cost,
+            )
+            scheduler = Scheduler(engine, tiers.device, timer, self.clock, tiers=tiers)
+            return Replica(index, scheduler, tiers.device)
         cache = KVCache(
             CacheConfig(
                 cfg.capacity_blocks,
@@ -354,6 +388,8 @@ class Fleet:
                 arrival_s=prefill.arrival_s,
                 first_token_s=prefill.first_token_s,
                 hit_tokens=prefill.hit_tokens,
+                host_hit_tokens=prefill.host_hit_tokens,
+                disk_hit_tokens=prefill.disk_hit_tokens,
                 fetched_tokens=prefill.fetched_tokens,
                 prefill_tokens=prefill.prefill_tokens + record.prefill_tokens,
                 num_preemptions=prefill.num_preemptions + record.num_preemptions,
@@ -411,8 +447,9 @@ class Fleet:
         replica.batch = None
         replica.generation += 1
         seqs = replica.engine.drain()
-        replica.cache.clear()
-        replica.cache.take_events()  # a dead replica publishes nothing: its failed health
+        for cache in replica.caches:
+            cache.clear()
+        replica.engine.take_events()  # a dead replica publishes nothing: its failed health
         state = replica.state  # check is what makes the router forget its blocks
         if self.ingest is not None:
             self.ingest.forget(state.replica_id)
@@ -450,7 +487,12 @@ class Fleet:
     def hit_tokens_by_tier(self) -> dict[str, int]:
         records = self.metrics.records
         fetched = sum(r.fetched_tokens for r in records)
-        by_tier = {Tier.DEVICE.name.lower(): sum(r.hit_tokens for r in records) - fetched}
+        host = sum(r.host_hit_tokens for r in records)
+        disk = sum(r.disk_hit_tokens for r in records)
+        device = sum(r.hit_tokens for r in records) - fetched - host - disk
+        by_tier = {Tier.DEVICE.name.lower(): device}
+        if self.config.host_capacity_blocks:
+            by_tier[Tier.HOST.name.lower()] = host
         if self.config.kv_transfer:
             by_tier["remote"] = fetched
         return by_tier

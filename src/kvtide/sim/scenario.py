@@ -206,6 +206,7 @@ def run(
         event_loss=scenario.event_loss,
         num_decode_replicas=scenario.decode_replicas,
         kv_transfer=scenario.kv_transfer,
+        host_capacity_blocks=scenario.host_cache_tokens // block_tokens,
         coordinator_outage=_shifted(scenario.coordinator_outage, requests[0].arrival_s),
         outages=tuple(
             dataclasses.replace(
@@ -241,6 +242,7 @@ def run(
         health=ctx.health,
         transfer_s=lambda tokens: network_transfer_s(model, tokens),
         recompute_s=model.prefill_compute_time,
+        tier_cost=model,
     )
     feed = _Feed(iter(requests), fleet, loop)
     feed.schedule_next()

@@ -8,11 +8,14 @@ import pytest
 from kvtide.clock import ManualClock
 from kvtide.core.events import BlockStored
 from kvtide.core.hashing import BlockHashes
+from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
 from kvtide.engine.prefix_source import Fetch
-from kvtide.engine.scheduler import EngineConfig
+from kvtide.engine.scheduler import EngineConfig, Scheduler
+from kvtide.engine.timing import IterationTimer
 from kvtide.errors import CapacityError, ConfigError
+from kvtide.types import Tier
 
-from .conftest import drive, make_engine, request
+from .conftest import BLOCK, FlatCost, drive, make_engine, request
 
 
 def test_a_tiny_request_has_exact_timestamps_under_chunked_prefill(
@@ -180,3 +183,30 @@ def test_blocks_fetched_from_elsewhere_count_as_hits_and_cost_their_transfer(
     assert (record.hit_tokens, record.fetched_tokens, record.prefill_tokens) == (8, 8, 2)
     assert record.first_token_s == pytest.approx(0.002 + 0.003)
     assert engine.stats.fetched_tokens == 8
+
+
+def test_a_host_tier_catches_device_evictions_and_serves_them_back(
+    engine_clock: ManualClock,
+) -> None:
+    tiers = TieredCache(
+        TieredCacheConfig(
+            device=TierSpec(4), host=TierSpec(16), block_tokens=BLOCK, record_events=True
+        ),
+        engine_clock,
+    )
+    engine = Scheduler(
+        EngineConfig(), tiers.device, IterationTimer(FlatCost(), 0.0), engine_clock, tiers=tiers
+    )
+    records = {}
+    for rid, first in (("a", 1), ("b", 101), ("c", 1)):
+        req, hashes = request(rid, list(range(first, first + 12)), output=1)
+        engine.add(req, hashes, arrival_s=engine_clock.now())
+        (record,) = drive(engine, engine_clock)
+        records[rid] = record
+    # b's prompt pushed two of a's three blocks down to the host; c finds a's first block on
+    # the device and the other two in host memory, reloads them, and computes its last token.
+    c = records["c"]
+    assert (c.hit_tokens, c.host_hit_tokens, c.prefill_tokens) == (12, 8, 1)
+    assert records["b"].hit_tokens == 0
+    host_events = [e for e in engine.take_events() if getattr(e, "tier", None) is Tier.HOST]
+    assert host_events, "host-tier blocks are published too"
