@@ -456,20 +456,25 @@ class Scheduler:
         seq.private = private
         seq.kv_capacity_tokens = total_blocks * bt
         usable = access.usable_blocks * bt
-        # The plan's time covers the reloads and the prefill of the rest, overlapped layer by
-        # layer; the engine computes that prefill itself, so only the excess is the reload's.
-        computed = max(target - usable, 1)
-        prefill_s = tiers.cost.prefill_time(computed, min(usable, target - 1))
-        seq.onboard_s = (
-            max(0.0, access.onboard_s - prefill_s)
-            if access.host_blocks or access.disk_blocks
-            else 0.0
-        )
+        if access.host_blocks or access.disk_blocks:
+            # The plan's time covers the reloads and the prefill of the rest, overlapped layer
+            # by layer; the engine computes that prefill itself: only the excess is the reload's.
+            computed = max(target - usable, 1)
+            prefill_s = tiers.cost.prefill_time(computed, min(usable, target - 1))
+            seq.onboard_s = max(0.0, access.onboard_s - prefill_s)
+        fetched = 0
+        if access.usable_blocks < len(hashes):
+            fetch = self.source.fetch(hashes, access.usable_blocks)
+            if fetch.num_blocks:
+                fetched = fetch.num_blocks * bt
+                usable += fetched
+                seq.onboard_s += fetch.seconds
         self._start_prefill(seq, target, usable)
         if seq.hit_tokens < 0:
             self._count_hits(
                 seq,
-                access.hit_blocks * bt,
+                max(access.hit_blocks * bt, usable),
+                fetched=fetched,
                 host=access.host_blocks * bt,
                 disk=access.disk_blocks * bt,
             )

@@ -92,8 +92,6 @@ class FleetConfig:
                 raise ConfigError("an outage must end after it starts")
         if self.host_capacity_blocks < 0:
             raise ConfigError("the host tier's capacity must be >= 0")
-        if self.host_capacity_blocks and self.kv_transfer:
-            raise ConfigError("a host tier and a global KV pool cannot be combined (yet)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +138,8 @@ class Replica:
 
 class PeerCaches:
     """The other replicas' caches seen as one global KV pool (Mooncake's store): the longest
-    prefix any healthy peer holds, fetched over the network when that beats recomputing it."""
+    prefix any healthy peer holds in any tier, fetched over the network when that beats
+    recomputing it."""
 
     __slots__ = ("block_tokens", "me", "recompute_s", "replicas", "transfer_s")
 
@@ -162,9 +161,10 @@ class PeerCaches:
         for peer in self.replicas:
             if peer is self.me or not peer.is_healthy:
                 continue
-            held = peer.cache.match(hashes, touch=False).num_blocks
-            if held > best:
-                best = held
+            for cache in peer.caches:  # its device, then its host memory
+                held = cache.match(hashes, touch=False).num_blocks
+                if held > best:
+                    best = held
         if best == local_blocks:
             return NO_FETCH
         tokens = (best - local_blocks) * self.block_tokens
