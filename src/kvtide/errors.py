@@ -1,14 +1,14 @@
 """The one exception tree of kvtide, split by what the caller can do about it.
 
-    KvtideError
-    ├── ConfigError          bad flag, option, preset or file content given by the user
-    ├── TraceFormatError     a trace line that cannot be read (carries path and line number)
-    ├── CapacityError        a request that can never fit (larger than the whole cache)
-    ├── UpstreamError        an engine behind the gateway failed
-    │   ├── UpstreamTimeout
-    │   └── UpstreamUnavailable
-    ├── NoHealthyReplica     routing found no replica to send to
-    └── StateStoreError      the shared index store (Redis) failed
+KvtideError
+├── ConfigError          bad flag, option, preset or file content given by the user
+├── TraceFormatError     a trace line that cannot be read (carries path and line number)
+├── CapacityError        a request that can never fit (larger than the whole cache)
+├── UpstreamError        an engine behind the gateway failed
+│   ├── UpstreamTimeout
+│   └── UpstreamUnavailable
+├── NoHealthyReplica     routing found no replica to send to
+└── StateStoreError      the shared index store (Redis) failed
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
+import numpy as np
+import numpy.typing as npt
+
 BlockHash = NewType("BlockHash", int)
 """A chained block hash: covers one full block of tokens and its whole prefix, in a namespace."""
 
@@ -22,13 +25,14 @@ class Tier(enum.IntEnum):
     DISK = 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Request:
     """One inference request as a workload describes it, before any hashing.
 
     Prompt identity comes either as ``token_ids`` or as ``block_ids`` (one id per block of
-    ``block_tokens`` tokens, the last block possibly partial). ``chained_ids`` says whether an
-    id already identifies its whole prefix (Mooncake) or only its own content (Bailian).
+    ``block_tokens`` tokens, the last block possibly partial); the cache chains ids itself, so
+    ids may identify a whole prefix (Mooncake) or only one block's content (Bailian). Token ids
+    are best given as an int32 numpy array: hashing then needs no conversion.
     The namespace salt is never part of a request: the cache side applies it.
     """
 
@@ -38,8 +42,7 @@ class Request:
     output_tokens: int
     block_tokens: int
     block_ids: tuple[int, ...] | None = None
-    token_ids: tuple[int, ...] | None = None
-    chained_ids: bool = True
+    token_ids: tuple[int, ...] | npt.NDArray[np.int32] | None = None
     tenant: TenantId = TenantId("default")
     session_id: str | None = None
     priority: int = 0
