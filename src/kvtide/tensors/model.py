@@ -41,7 +41,8 @@ class LlamaConfig:
         mlp = 3 * self.hidden_size * self.intermediate_size
         layer = attn + mlp + 2 * self.hidden_size
         head = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
-        return self.num_layers * layer + self.vocab_size * self.hidden_size + head
+        embed = self.vocab_size * self.hidden_size
+        return self.num_layers * layer + embed + head + self.hidden_size  # + final norm
 
 
 class PastKV(Protocol):
@@ -123,7 +124,6 @@ class LlamaModel:
             weights["output.weight"] = normal(c.vocab_size, c.hidden_size)
         return cls(config, weights, device)
 
-    @torch.inference_mode()
     def forward(
         self,
         token_ids: torch.Tensor | list[int],
@@ -131,6 +131,12 @@ class LlamaModel:
         all_logits: bool = False,
     ) -> ForwardOutput:
         """Computes ``token_ids`` at positions following ``past``; causal over past and new."""
+        with torch.inference_mode():
+            return self._forward(token_ids, past, all_logits)
+
+    def _forward(
+        self, token_ids: torch.Tensor | list[int], past: PastKV | None, all_logits: bool
+    ) -> ForwardOutput:
         c = self.config
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
         num_new = int(ids.shape[0])
