@@ -8,6 +8,8 @@ torch = pytest.importorskip("torch")
 
 from kvtide.tensors.model import ContiguousKV, LlamaConfig, LlamaModel, _apply_rope  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 # float32 on the CPU: the same sums in a different blocking differ by a few ulps.
 ATOL, RTOL = 1e-5, 1e-4
 

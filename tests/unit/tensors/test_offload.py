@@ -12,6 +12,8 @@ from kvtide.errors import ConfigError  # noqa: E402
 from kvtide.tensors.offload import CorruptBlockError, DiskStore, HostStore, block_checksum  # noqa: E402
 from kvtide.types import BlockHash  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 SHAPE = (2, 2, 2, 4, 16)
 
 

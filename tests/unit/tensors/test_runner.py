@@ -16,6 +16,8 @@ from kvtide.types import Tier  # noqa: E402
 
 from .conftest import RunnerFactory  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 ATOL, RTOL = 1e-5, 1e-4
 PROMPT = [(11 * i + 5) % 128 for i in range(22)]  # 5 full blocks of 4 tokens and 2 more
 

@@ -20,7 +20,7 @@ from kvtide.tensors.paged_kv import PagedKV  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
 from kvtide.tensors.tokenizer import ChatMessage, default_system_prompt, render_chat  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 ATOL, RTOL = 1e-3, 1e-4
 NEW_TOKENS = 12

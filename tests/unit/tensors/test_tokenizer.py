@@ -16,6 +16,8 @@ from kvtide.tensors.tokenizer import (  # noqa: E402
     render_chat,
 )
 
+pytestmark = pytest.mark.torch
+
 
 @pytest.mark.parametrize(
     ("text", "pieces"),
