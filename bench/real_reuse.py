@@ -6,11 +6,11 @@ reloaded from host memory and reloaded from disk, beside the cost model's predic
 Each prompt is a cached prefix plus a fresh 32-token suffix (a new turn). Cold rows recompute
 everything; the other rows compute the suffix over the prefix's KV (device: already in the
 paged pool; host: copied in from the host store; disk: read back from checksummed block files,
-which sit in the page cache since they were just written). The cost model, when
-`kvtide.core.cost_model` is there, gets a CPU "GPU spec": its prefill coefficients are fitted
-to the cold rows with `fit_prefill`, its host and disk links to separate copy measurements of
-the same stores with `fit_transfer`; the hit rows are then predictions. This runner reloads,
-then computes (no layer-wise overlap), so a reload is predicted as transfer + prefill.
+which sit in the page cache since they were just written). The cost model gets a CPU "GPU
+spec": its prefill coefficients are fitted to the cold rows with `calibrate`, its host and disk
+links to separate copy measurements of the same stores with `fit_transfer`; the hit rows are
+then predictions. This runner reloads, then computes (no layer-wise overlap), so a reload is
+predicted as transfer + prefill.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from typing import Any
 import torch
 
 from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.core.calibration import PrefillSample, calibrate, fit_transfer
+from kvtide.core.cost_model import Coefficients, CostModel
 from kvtide.core.hashing import Namespace
+from kvtide.core.specs import GpuSpec, ModelSpec
 from kvtide.errors import ConfigError
 from kvtide.tensors.gguf_loader import build_tokenizer, find_smollm2_gguf, load_gguf
 from kvtide.tensors.model import LlamaConfig, LlamaModel
@@ -220,13 +223,7 @@ def peak_rates() -> tuple[float, float]:
 
 
 def predict(rows: list[Row], config: LlamaConfig, links: dict[str, Any], suffix: int) -> str:
-    """Fills ``row.predicted``; returns a line describing the fit (or why there is none)."""
-    try:
-        from kvtide.core.calibration import PrefillSample, fit_prefill, fit_transfer
-        from kvtide.core.cost_model import Coefficients, CostModel
-        from kvtide.core.specs import GpuSpec, ModelSpec
-    except ImportError as exc:
-        return f"cost model: not available ({exc.name} missing); measured rows only"
+    """Fills ``row.predicted``; returns a line describing the calibration."""
     flops, memcpy = peak_rates()
     host, disk = fit_transfer(links["rows"]["host"]), fit_transfer(links["rows"]["disk"])
     hf_config = {
@@ -261,10 +258,8 @@ def predict(rows: list[Row], config: LlamaConfig, links: dict[str, Any], suffix:
         disk_transfer_overhead_s=disk.latency_s,
         disk_chunk_latency_s=0.0,
     )
-    cost = CostModel(spec, gpu, coefficients=coefficients)
     samples = [PrefillSample(r.prompt_tokens, 0, r.seconds["cold"]) for r in rows]
-    fit = fit_prefill(cost, samples)
-    cost = replace(cost, coefficients=fit.coefficients)
+    cost, fit = calibrate(CostModel(spec, gpu, coefficients=coefficients), samples)
     kv_per_token = config.kv_bytes_per_token(4)  # fp32 KV here; the spec's dtypes stop at bf16
     for r in rows:
         cached = r.prompt_tokens - suffix
@@ -286,7 +281,7 @@ def predict(rows: list[Row], config: LlamaConfig, links: dict[str, Any], suffix:
 
 
 def print_table(rows: list[Row]) -> None:
-    has_pred = bool(rows and rows[0].predicted)
+    has_pred = bool(rows and rows[0].predicted)  # no predictions from fewer than 3 lengths
     head = f"{'prompt':>6}"
     for s in SCENARIOS:
         head += f" | {s + ' s':>9}" + (f" {'pred s':>8}" if has_pred else "")
@@ -343,7 +338,8 @@ def main() -> None:
     )
     start = time.perf_counter()
     rows, config, links = measure(args)
-    print(predict(rows, config, links, args.suffix_tokens))
+    if len(rows) >= 3:  # calibration separates overhead, matmul and attention: 3 lengths
+        print(predict(rows, config, links, args.suffix_tokens))
     print_table(rows)
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.json is not None:
