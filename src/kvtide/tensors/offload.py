@@ -218,8 +218,9 @@ class Offloader:
 
     def removed(self, node: Node, hashes: BlockHashes) -> None:
         for block_hash in hashes.tolist():
-            block_id = self._device_block.pop(block_hash)
-            self.offload(block_hash, self.kv.block(block_id))
+            block_id = self._device_block.pop(block_hash, None)
+            if block_id is not None:  # None: cached before this observer was attached
+                self.offload(block_hash, self.kv.block(block_id))
 
     def device_block(self, block_hash: BlockHash) -> int | None:
         return self._device_block.get(block_hash)
