@@ -258,6 +258,17 @@ class Offloader:
             return Tier.DISK
         return None
 
+    def lower_run(self, hashes: Sequence[BlockHash]) -> list[Tier]:
+        """The tier of each block of the leading run of ``hashes`` held below the device
+        (nothing is read or locked)."""
+        run: list[Tier] = []
+        for block_hash in hashes:
+            tier = self.locate(block_hash)
+            if tier is None:
+                break
+            run.append(tier)
+        return run
+
     def plan_reload(self, hashes: Sequence[BlockHash]) -> list[Reload]:
         """The leading run of ``hashes`` held in a lower tier. Host blocks are locked until
         ``write_reload`` or ``cancel_reload``; disk blocks are read and checksum-verified now.

@@ -2,10 +2,11 @@
 
 A prompt's full blocks are hashed with the core's chained hashes. ``prefill`` reuses the device
 blocks the cache matches, reloads the blocks that follow from the host or disk tier (all of
-them, or only the first ``max_reload_blocks``: the split reload/recompute), computes the rest,
-and stores the new full blocks in pool blocks the cache allocates. The partial last block is
-always recomputed, never cached; a fully cached prompt still recomputes its last block so
-that there is a token to take logits from.
+them, the first ``max_reload_blocks``, or as many as the cost model's reload / recompute /
+split decision says when the runner has one), computes the rest, and stores the new full
+blocks in pool blocks the cache allocates. The partial last block is always recomputed, never
+cached; a fully cached prompt still recomputes its last block so that there is a token to take
+logits from.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import numpy as np
 import torch
 
 from kvtide.core.cache import KVCache
-from kvtide.core.hashing import Namespace, hash_tokens
+from kvtide.core.hashing import BlockHashes, Namespace, hash_tokens
 from kvtide.core.node import Node
+from kvtide.core.tiers import OnboardCost
 from kvtide.tensors.model import LlamaModel
 from kvtide.tensors.offload import DiskStore, HostStore, Offloader
 from kvtide.tensors.paged_kv import PagedKV, PagedPast
@@ -78,8 +80,10 @@ class PagedRunner:
         host: HostStore | None = None,
         disk: DiskStore | None = None,
         disk_write_through: bool = False,
+        onboard: OnboardCost | None = None,
     ) -> None:
         self.model = model
+        self.onboard = onboard
         self.cache = cache
         self.block_tokens = cache.config.block_tokens
         self.kv = PagedKV(model.config, cache.pool.num_blocks, self.block_tokens, model.device)
@@ -111,6 +115,8 @@ class PagedRunner:
         limit = usable - device_blocks
         if max_reload_blocks is not None:
             limit = min(limit, max(max_reload_blocks, 0))
+        elif self.onboard is not None:
+            limit = min(limit, self._decide_reload_blocks(hashes, device_blocks, usable, len(ids)))
         plan = self.offloader.plan_reload(hashes[device_blocks : device_blocks + limit])
         prefix_ids = match.block_ids
         if plan:
@@ -150,6 +156,23 @@ class PagedRunner:
         )
         logits = out.logits if all_logits else out.logits[-1]
         return Prefill(logits, stats, sequence)
+
+    def _decide_reload_blocks(
+        self, hashes: BlockHashes, device_blocks: int, usable: int, prompt_tokens: int
+    ) -> int:
+        """Blocks to reload by the cost model: reload, recompute or split. A run spanning host
+        and disk is costed as if all on its slowest tier."""
+        assert self.onboard is not None
+        run = self.offloader.lower_run(hashes[device_blocks:usable])
+        if not run:
+            return 0
+        bt = self.block_tokens
+        in_tier = len(run) * bt
+        new_tokens = prompt_tokens - device_blocks * bt - in_tier
+        decision = self.onboard.decide_onboard(
+            in_tier, max(run), new_tokens, block_tokens=bt, with_break_even=False
+        )
+        return decision.reload_tokens // bt
 
     def decode(self, sequence: ActiveSequence, token_id: int) -> torch.Tensor:
         """Appends one token and returns the logits [vocab] after it (its KV stays in the tail)."""

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from kvtide.core.cache import CacheConfig, KVCache  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
+from kvtide.core.tiers import OnboardCost  # noqa: E402
 from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf  # noqa: E402
 from kvtide.tensors.model import LlamaConfig, LlamaModel  # noqa: E402
 from kvtide.tensors.offload import DiskStore, HostStore  # noqa: E402
@@ -51,6 +52,7 @@ def make_runner(tiny_model: LlamaModel, tmp_path: Path) -> RunnerFactory:
         host_blocks: int | None = None,
         disk: bool = False,
         disk_write_through: bool = False,
+        onboard: OnboardCost | None = None,
     ) -> PagedRunner:
         cache = KVCache(CacheConfig(capacity_blocks=capacity_blocks, block_tokens=BLOCK_TOKENS))
         host = (
@@ -68,6 +70,7 @@ def make_runner(tiny_model: LlamaModel, tmp_path: Path) -> RunnerFactory:
             host=host,
             disk=store,
             disk_write_through=disk_write_through,
+            onboard=onboard,
         )
 
     return make

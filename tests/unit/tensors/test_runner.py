@@ -5,16 +5,20 @@ Tolerance: float32 on the CPU, atol 1e-5 and rtol 1e-4 (the same sums blocked di
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvtide.core.cost_model import CostModel  # noqa: E402
+from kvtide.core.specs import GpuSpec, ModelSpec  # noqa: E402
 from kvtide.tensors.model import LlamaModel  # noqa: E402
 from kvtide.tensors.offload import CorruptBlockError, block_checksum  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
 from kvtide.types import Tier  # noqa: E402
 
-from .conftest import RunnerFactory  # noqa: E402
+from .conftest import TINY, RunnerFactory  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -173,3 +177,95 @@ def test_greedy_generation_is_the_same_with_and_without_cache(make_runner: Runne
     for a, b in zip(warm.step_logits, cold.step_logits, strict=True):
         assert torch.allclose(a, b, atol=ATOL, rtol=RTOL)
     assert runner.cache.tree.root.lock_ref == 1  # generate released its lock
+
+
+@dataclass(frozen=True)
+class FixedPlan:
+    reload_tokens: int
+    action: str = "split"
+    time_s: float = 0.0
+    recompute_s: float = 0.0
+
+
+@dataclass
+class FixedOnboard:
+    """An OnboardCost that always answers the same plan, and records what it was asked."""
+
+    reload_tokens: int
+    asked: list[tuple[int, Tier, int]] = field(default_factory=list)
+
+    def kv_bytes(self, tokens: int) -> int:
+        return tokens
+
+    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        return 0.0
+
+    def link_bytes_per_s(
+        self, tier: Tier, link_load: float = 0.0, *, to_device: bool = True
+    ) -> float:
+        return 1.0
+
+    def decide_onboard(
+        self,
+        cached_tokens_in_tier: int,
+        tier: Tier,
+        new_tokens: int = 0,
+        link_load: float = 0.0,
+        *,
+        block_tokens: int = 1,
+        with_break_even: bool = True,
+    ) -> FixedPlan:
+        self.asked.append((cached_tokens_in_tier, tier, new_tokens))
+        return FixedPlan(self.reload_tokens)
+
+
+def test_the_cost_model_decision_sets_the_split(make_runner: RunnerFactory) -> None:
+    onboard = FixedOnboard(reload_tokens=8)
+    runner = make_runner(host_blocks=16, disk=True, onboard=onboard)
+    run(runner, PROMPT)
+    runner.evict_device(100)
+    runner.offloader.demote_host(1)  # block 0 now on disk only: the run is costed as disk
+    prefill = runner.prefill(PROMPT)
+    assert onboard.asked == [(20, Tier.DISK, 2)]
+    assert prefill.stats.disk_reload_tokens + prefill.stats.host_reload_tokens == 8
+    assert prefill.stats.computed_tokens == 14
+    assert torch.allclose(prefill.logits, full_logits(runner.model, PROMPT), atol=ATOL, rtol=RTOL)
+    runner.release(prefill.sequence)
+
+
+def tiny_cost(flops_per_s: float, link_bytes_per_s: float) -> CostModel:
+    spec = ModelSpec.from_hf_config(
+        {
+            "model_type": "llama",
+            "num_hidden_layers": TINY.num_layers,
+            "hidden_size": TINY.hidden_size,
+            "num_attention_heads": TINY.num_heads,
+            "num_key_value_heads": TINY.num_kv_heads,
+            "intermediate_size": TINY.intermediate_size,
+            "vocab_size": TINY.vocab_size,
+            "tie_word_embeddings": True,
+        },
+        name="tiny",
+    )
+    gpu = GpuSpec("test", flops_per_s, 1e11, link_bytes_per_s, link_bytes_per_s, 1e9, 1e9)
+    return CostModel(spec, gpu)
+
+
+@pytest.mark.parametrize(
+    ("flops_per_s", "link_bytes_per_s", "reloaded"),
+    [
+        (1e9, 1e10, 20),  # slow compute, fast link: reload the whole run
+        (1e15, 1e10, 0),  # the tiny model recomputes faster than a copy's fixed costs
+        (1e9, 1e3, 0),  # a link too slow for anything
+    ],
+)
+def test_a_real_cost_model_decides_reload_or_recompute(
+    make_runner: RunnerFactory, flops_per_s: float, link_bytes_per_s: float, reloaded: int
+) -> None:
+    runner = make_runner(host_blocks=16, onboard=tiny_cost(flops_per_s, link_bytes_per_s))
+    run(runner, PROMPT)
+    runner.evict_device(100)
+    prefill = runner.prefill(PROMPT)
+    assert prefill.stats.host_reload_tokens == reloaded
+    assert torch.allclose(prefill.logits, full_logits(runner.model, PROMPT), atol=ATOL, rtol=RTOL)
+    runner.release(prefill.sequence)
