@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 from kvtide.errors import ConfigError
 from kvtide.routing.chash import (
@@ -32,6 +33,8 @@ from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
 from kvtide.routing.ttft import TtftModel
 from kvtide.types import ReplicaId, Tier
+
+K = TypeVar("K")
 
 
 def service_time(
@@ -80,6 +83,7 @@ class CostAware(BasePolicy):
         self.model = ctx.ttft_model
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
         self._inflight: dict[int, int] = {}  # prefix key -> requests in flight
+        self._inflight_at: dict[tuple[int, ReplicaId], int] = {}  # ... on each replica
 
     def prefix_match(self, request: RouteRequest) -> PrefixMatch:
         if request.prefix_match is not None:
@@ -106,14 +110,23 @@ class CostAware(BasePolicy):
     def _spread(
         self, cands: list[ReplicaState], eligible: list[ReplicaState], key: int
     ) -> list[ReplicaState] | None:
+        """The replicas a hot prefix may go to now, or None when the prefix is not hot.
+
+        Hot: its requests in flight (counting this one) exceed one replica's share of all
+        requests in flight. It then lives on the k = ceil(load / share) replicas of highest
+        rendezvous weight, each taking at most ceil(load / k) of its requests in flight.
+        """
         share = (sum(r.num_requests for r in cands) + 1) / len(cands)
         load = self._inflight.get(key, 0) + 1
-        if load <= share or share < 1.0:
+        if share < 1.0 or load <= share:
             return None
         k = min(len(cands), math.ceil(load / share))
-        chosen = set(rendezvous_top(key, [r.replica_id for r in cands], k))
-        spread = [r for r in eligible if r.replica_id in chosen]
-        return spread or None
+        home = set(rendezvous_top(key, [r.replica_id for r in cands], k))
+        spread = [r for r in eligible if r.replica_id in home]
+        per_replica = math.ceil(load / k)
+        at = self._inflight_at
+        under = [r for r in spread if at.get((key, r.replica_id), 0) < per_replica]
+        return under or spread or None
 
     def _cheapest(
         self,
@@ -161,11 +174,18 @@ class CostAware(BasePolicy):
     def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
         key = prefix_key(request, self.key_blocks)
         self._inflight[key] = self._inflight.get(key, 0) + 1
+        at = (key, decision.replica)
+        self._inflight_at[at] = self._inflight_at.get(at, 0) + 1
 
     def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
         key = prefix_key(request, self.key_blocks)
-        left = self._inflight.get(key, 0) - 1
-        if left > 0:
-            self._inflight[key] = left
-        else:
-            self._inflight.pop(key, None)
+        _decrement(self._inflight, key)
+        _decrement(self._inflight_at, (key, replica))
+
+
+def _decrement(counts: dict[K, int], key: K) -> None:
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)

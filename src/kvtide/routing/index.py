@@ -170,9 +170,11 @@ class GlobalPrefixIndex:
                 run, run_kind = [], kind
             if isinstance(event, BlockStored):
                 parent = event.parent_block_hash
-                chained = parent is None or (bool(run) and run[-1] == parent)
-                if not chained and not self.holds(replica, BlockHash(parent or 0), event.tier):
-                    self.counters.orphan_stores += 1
+                if parent is not None and not (run and run[-1] == parent):
+                    self._flush(replica, run_kind, run)  # the parent may sit in the run
+                    run = []
+                    if not self.holds(replica, parent, event.tier):
+                        self.counters.orphan_stores += 1
             run.extend(event.block_hashes)
         self._flush(replica, run_kind, run)
 

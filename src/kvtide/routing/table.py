@@ -181,6 +181,7 @@ class BlockTable:
         keys = _as_keys(hashes)
         if len(keys) == 0:
             return 0
+        self.grow_words((bit >> 6) + 1)
         if len(keys) < SMALL_BATCH:
             return self._add_scalar(keys.tolist(), bit, tier)
         keys = np.unique(keys)
@@ -236,7 +237,7 @@ class BlockTable:
         """Clears replica ``bit`` from each hash in ``tier``; returns how many keys went empty."""
         keys = _as_keys(hashes)
         views = self._mv[tier]
-        if len(keys) == 0 or views is None:
+        if len(keys) == 0 or views is None or bit >> 6 >= self.num_words:
             return 0
         if len(keys) < SMALL_BATCH:
             freed = 0
@@ -259,6 +260,8 @@ class BlockTable:
     def clear_bit(self, bit: int) -> int:
         """Removes replica ``bit`` everywhere, O(slots); returns how many keys went empty."""
         touched: list[npt.NDArray[np.intp]] = []
+        if bit >> 6 >= self.num_words:
+            return 0
         b = np.uint64(1 << (bit & 63))
         for views in self._mv:
             if views is None:
