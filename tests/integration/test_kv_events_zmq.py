@@ -13,9 +13,9 @@ from kvtide.routing.ingest import SequencedIngest
 from kvtide.state.kv_events import KvEventPublisher, KvEventSubscriber
 from kvtide.state.kv_translate import EngineEventSink, EventTranslator, NativeEventSink
 from kvtide.state.kv_wire import EngineBlockStored, EngineEventBatch
+from kvtide.types import ReplicaId
 
 Batch = EngineEventBatch
-from kvtide.types import ReplicaId
 
 R = ReplicaId("r0")
 SEED = 99
