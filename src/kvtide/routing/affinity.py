@@ -60,8 +60,9 @@ class PrefixAffinity(BasePolicy):
         best_blocks = 0
         ties: list[ReplicaState] = []
         capped = False
+        get = device.get
         for r in cands:
-            b = device.get(r.replica_id, 0)
+            b = get(r.replica_id, 0)
             if b < best_blocks or b == 0:
                 continue
             if r.num_requests + 1 > cap:

@@ -143,8 +143,17 @@ class CostAware(BasePolicy):
         best: list[ReplicaState] = []
         best_s = math.inf
         best_blocks = (0, 0, 0)
+        dev, host, disk = match.within_tier
+        one_tier = host is dev and disk is dev  # nothing below the device tier: a fast path
+        dev_get = dev.get
         for r in eligible:
-            blocks = match.tier_blocks(r.replica_id)
+            rid = r.replica_id
+            if one_tier:
+                blocks = (dev_get(rid, 0), 0, 0)
+            else:
+                d = dev_get(rid, 0)
+                h = host.get(rid, 0)
+                blocks = (d, h - d, disk.get(rid, 0) - h)
             service_s = memo.get(blocks)
             if service_s is None:
                 service_s = memo[blocks] = service_time(self.model, p, bt, blocks)

@@ -85,7 +85,7 @@ class BasePolicy:
 def load_cap(replicas: Sequence[ReplicaState], epsilon: float) -> int:
     """Mirrokni-Thorup-Zadimoghaddam (SODA'18) capacity: ceil((1+eps) * average load), where
     the average counts the request being placed. A replica may take it only below this cap."""
-    total = sum(r.num_requests for r in replicas) + 1
+    total = sum([r.num_requests for r in replicas]) + 1
     return math.ceil((1.0 + epsilon) * total / len(replicas))
 
 
