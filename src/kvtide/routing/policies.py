@@ -20,7 +20,7 @@ from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import IndexStore
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
-from kvtide.routing.ttft import LinearTtftModel, TtftModel
+from kvtide.routing.ttft import TtftModel, default_ttft_model
 from kvtide.types import ReplicaId
 
 
@@ -51,7 +51,7 @@ class RoutingContext:
     clock: Clock = field(default_factory=ManualClock)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     index: IndexStore | None = None
-    ttft_model: TtftModel = field(default_factory=LinearTtftModel)
+    ttft_model: TtftModel = field(default_factory=default_ttft_model)
     health: IndexHealth = field(default_factory=IndexHealth)
 
     def require_index(self, policy: str) -> IndexStore:

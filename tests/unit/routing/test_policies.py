@@ -213,3 +213,16 @@ def test_peer_dynamo_samples_with_a_temperature() -> None:
     policy = make_policy("peer_dynamo", _ctx(idx), {"temperature": 5.0})
     seen = {policy.choose(_req([1, 2]), _fleet()).replica for _ in range(50)}
     assert len(seen) > 1
+
+
+def test_cost_scores_in_seconds_from_the_core_cost_model() -> None:
+    from kvtide.core.cost_model import CostModel
+    from kvtide.core.specs import gpu_preset, model_preset
+
+    model = CostModel(model_preset("llama-3-8b"), gpu_preset("h100"))
+    idx = GlobalPrefixIndex()
+    ids = list(range(512))  # 8192 tokens
+    idx.add(R[3], prompt(ids)[:448])
+    d = make_policy("cost", _ctx(idx, ttft_model=model)).choose(_req(ids), _fleet())
+    assert d.replica == R[3] and d.cached_tokens == 448 * 16
+    assert d.ttft_s == pytest.approx(model.prefill_time(1024, 448 * 16))
