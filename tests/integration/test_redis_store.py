@@ -108,3 +108,26 @@ def test_memory_store_is_an_index_store() -> None:
     assert s.match(p).device == {"x": 2}
     s.clear_replica(ReplicaId("x"))
     assert s.match(p).device == {}
+
+
+def test_async_store_shares_the_layout(store: RedisIndexStore) -> None:
+    import asyncio
+
+    from kvtide.state.redis_store import AsyncRedisIndexStore
+
+    p = hash_block_ids(list(range(50)), 5)
+    hs = tuple(p.tolist())
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=6379, socket_timeout=2.0)
+        try:
+            a = AsyncRedisIndexStore(client, prefix=store.prefix, ttl_s=60)
+            await a.apply_all(ReplicaId("x"), [BlockStored(hs[:30], None, None, 16)])
+            assert (await a.match(p)).device == {"x": 30}
+            assert store.match(p).device == {"x": 30}  # the sync store reads the same keys
+            await a.apply_all(ReplicaId("x"), [AllBlocksCleared()])
+            assert (await a.match(p)).device == {}
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
