@@ -28,7 +28,7 @@ from kvtide.routing.chash import (
 )
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import PrefixMatch
-from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon, load_cap
+from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
 from kvtide.routing.ttft import TtftModel
@@ -98,17 +98,18 @@ class CostAware(BasePolicy):
         match = self.prefix_match(request)
         if match.max_blocks < self.min_cached_blocks:
             return self._hashed(cands, key, "cold")
-        cap = load_cap(cands, self.epsilon)
+        total = sum([r.num_requests for r in cands])
+        cap = math.ceil((1.0 + self.epsilon) * (total + 1) / len(cands))  # as load_cap()
         eligible = [r for r in cands if r.num_requests < cap]
         reason = "affinity"
         if self.hot_replication and len(cands) > 1:
-            spread = self._spread(cands, eligible, key)
+            spread = self._spread(cands, eligible, key, total)
             if spread is not None:
                 eligible, reason = spread, "hot"
         return self._cheapest(request, eligible, match, key, reason)
 
     def _spread(
-        self, cands: list[ReplicaState], eligible: list[ReplicaState], key: int
+        self, cands: list[ReplicaState], eligible: list[ReplicaState], key: int, total: int
     ) -> list[ReplicaState] | None:
         """The replicas a hot prefix may go to now, or None when the prefix is not hot.
 
@@ -116,7 +117,7 @@ class CostAware(BasePolicy):
         requests in flight. It then lives on the k = ceil(load / share) replicas of highest
         rendezvous weight, each taking at most ceil(load / k) of its requests in flight.
         """
-        share = (sum(r.num_requests for r in cands) + 1) / len(cands)
+        share = (total + 1) / len(cands)
         load = self._inflight.get(key, 0) + 1
         if share < 1.0 or load <= share:
             return None
@@ -138,30 +139,42 @@ class CostAware(BasePolicy):
     ) -> RouteDecision:
         bt = request.block_tokens
         p = request.prompt_tokens
-        rate = self.prefill_tokens_per_s
-        memo: dict[tuple[int, int, int], float] = {}
+        inv_rate = 1.0 / self.prefill_tokens_per_s
+        model = self.model
         best: list[ReplicaState] = []
         best_s = math.inf
         best_blocks = (0, 0, 0)
         dev, host, disk = match.within_tier
-        one_tier = host is dev and disk is dev  # nothing below the device tier: a fast path
         dev_get = dev.get
-        for r in eligible:
-            rid = r.replica_id
-            if one_tier:
-                blocks = (dev_get(rid, 0), 0, 0)
-            else:
+        if host is dev and disk is dev:  # nothing below the device tier: the common fast path
+            memo1: dict[int, float] = {}
+            best_d = 0
+            for r in eligible:
+                d = dev_get(r.replica_id, 0)
+                service_s = memo1.get(d)
+                if service_s is None:
+                    service_s = memo1[d] = service_time(model, p, bt, (d, 0, 0))
+                ttft_s = r.queued_prefill_tokens * inv_rate + service_s
+                if ttft_s < best_s:
+                    best_s, best, best_d = ttft_s, [r], d
+                elif ttft_s == best_s:
+                    best.append(r)
+            best_blocks = (best_d, 0, 0)
+        else:
+            memo: dict[tuple[int, int, int], float] = {}
+            for r in eligible:
+                rid = r.replica_id
                 d = dev_get(rid, 0)
                 h = host.get(rid, 0)
                 blocks = (d, h - d, disk.get(rid, 0) - h)
-            service_s = memo.get(blocks)
-            if service_s is None:
-                service_s = memo[blocks] = service_time(self.model, p, bt, blocks)
-            ttft_s = r.queued_prefill_tokens / rate + service_s
-            if ttft_s < best_s:
-                best_s, best, best_blocks = ttft_s, [r], blocks
-            elif ttft_s == best_s:
-                best.append(r)
+                service_s = memo.get(blocks)
+                if service_s is None:
+                    service_s = memo[blocks] = service_time(model, p, bt, blocks)
+                ttft_s = r.queued_prefill_tokens * inv_rate + service_s
+                if ttft_s < best_s:
+                    best_s, best, best_blocks = ttft_s, [r], blocks
+                elif ttft_s == best_s:
+                    best.append(r)
         chosen = best[0] if len(best) == 1 else tie_break(key, best)
         cached = sum(best_blocks)
         return RouteDecision(
