@@ -90,3 +90,27 @@ def test_memory_per_entry_stays_under_64_bytes() -> None:
         idx.add(ReplicaId(f"r{i}"), random_prompt(rng, alphabet=1 << 30, max_blocks=2000))
     assert idx.num_entries() > 50_000
     assert idx.bytes_per_entry() <= 64
+
+
+def test_tiered_cache_events_give_each_tiers_prefix() -> None:
+    from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
+
+    rng = random.Random(1)
+    tc = TieredCache(
+        TieredCacheConfig(
+            device=TierSpec(30), host=TierSpec(60), disk=TierSpec(120), record_events=True
+        )
+    )
+    idx = GlobalPrefixIndex()
+    prompts = [random_prompt(rng, alphabet=4, max_blocks=30) for _ in range(40)]
+    for _ in range(300):
+        p = rng.choice(prompts)
+        tc.access(p, 16 * len(p))
+        idx.apply_all(A, tc.take_events())
+    held = {t: cached_hashes(c) for t, c in tc.caches.items()}
+    for q in prompts:
+        expected = tuple(
+            true_prefix(set().union(*(held[u] for u in held if u <= t)), q) for t in Tier
+        )
+        m = idx.match(q)
+        assert tuple(m.within_tier[t].get(A, 0) for t in Tier) == expected
