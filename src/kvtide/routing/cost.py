@@ -84,6 +84,7 @@ class CostAware(BasePolicy):
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
         self._inflight: dict[int, int] = {}  # prefix key -> requests in flight
         self._inflight_at: dict[tuple[int, ReplicaId], int] = {}  # ... on each replica
+        self._inflight_full: dict[int, int] = {}  # whole-prompt key -> requests in flight
 
     def prefix_match(self, request: RouteRequest) -> PrefixMatch:
         if request.prefix_match is not None:
@@ -103,19 +104,27 @@ class CostAware(BasePolicy):
         eligible = [r for r in cands if r.num_requests < cap]
         reason = "affinity"
         if self.hot_replication and len(cands) > 1:
-            spread = self._spread(cands, eligible, key, total)
+            spread = self._spread(cands, eligible, key, total, request, match)
             if spread is not None:
                 eligible, reason = spread, "hot"
         return self._cheapest(request, eligible, match, key, reason)
 
     def _spread(
-        self, cands: list[ReplicaState], eligible: list[ReplicaState], key: int, total: int
+        self,
+        cands: list[ReplicaState],
+        eligible: list[ReplicaState],
+        key: int,
+        total: int,
+        request: RouteRequest,
+        match: PrefixMatch,
     ) -> list[ReplicaState] | None:
         """The replicas a hot prefix may go to now, or None when the prefix is not hot.
 
         Hot: its requests in flight (counting this one) exceed one replica's share of all
-        requests in flight. It then lives on the k = ceil(load / share) replicas of highest
-        rendezvous weight, each taking at most ceil(load / k) of its requests in flight.
+        requests in flight. It then lives on the k = ceil(load / share) replicas of
+        highest rendezvous weight, each taking at most ceil(load / k) of its requests in flight.
+        A replica holding more of this request than the hot prefix itself (its session, say)
+        stays eligible: spreading the shared part must not cost the private part's reuse.
         """
         share = (total + 1) / len(cands)
         load = self._inflight.get(key, 0) + 1
@@ -123,11 +132,20 @@ class CostAware(BasePolicy):
             return None
         k = min(len(cands), math.ceil(load / share))
         home = set(rendezvous_top(key, [r.replica_id for r in cands], k))
-        spread = [r for r in eligible if r.replica_id in home]
         per_replica = math.ceil(load / k)
         at = self._inflight_at
-        under = [r for r in spread if at.get((key, r.replica_id), 0) < per_replica]
-        return under or spread or None
+        key_len = min(self.key_blocks, request.num_blocks)
+        full_load = self._inflight_full.get(_full_key(request, key), 0) + 1
+        # a deeper hold is private (a session's history) unless the whole prompt is hot too
+        deep = key_len if full_load <= share else request.num_blocks
+        held = match.any_tier
+        out = [
+            r
+            for r in eligible
+            if held.get(r.replica_id, 0) > deep
+            or (r.replica_id in home and at.get((key, r.replica_id), 0) < per_replica)
+        ]
+        return out or [r for r in eligible if r.replica_id in home] or None
 
     def _cheapest(
         self,
@@ -198,11 +216,19 @@ class CostAware(BasePolicy):
         self._inflight[key] = self._inflight.get(key, 0) + 1
         at = (key, decision.replica)
         self._inflight_at[at] = self._inflight_at.get(at, 0) + 1
+        full = _full_key(request, key)
+        self._inflight_full[full] = self._inflight_full.get(full, 0) + 1
 
     def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
         key = prefix_key(request, self.key_blocks)
         _decrement(self._inflight, key)
         _decrement(self._inflight_at, (key, replica))
+        _decrement(self._inflight_full, _full_key(request, key))
+
+
+def _full_key(request: RouteRequest, key: int) -> int:
+    """The key of the whole prompt's full blocks (the last chained hash covers them all)."""
+    return int(request.block_hashes[-1]) if request.num_blocks else key
 
 
 def _decrement(counts: dict[K, int], key: K) -> None:

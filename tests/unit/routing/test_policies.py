@@ -179,6 +179,24 @@ def test_cost_spreads_a_hot_prefix_over_rendezvous_replicas() -> None:
             policy.on_complete(_req(ids), r)
     assert policy._inflight == {}  # type: ignore[attr-defined]
     assert policy._inflight_at == {}  # type: ignore[attr-defined]
+    assert policy._inflight_full == {}  # type: ignore[attr-defined]
+
+
+def test_cost_keeps_a_session_where_its_history_is_while_spreading_its_system_prompt() -> None:
+    idx = GlobalPrefixIndex()
+    system = list(range(16))  # the hot key: 16 shared blocks
+    policy = make_policy("cost", _ctx(idx), {"epsilon": 10.0})
+    reps = _fleet()
+    # many sessions share the system prompt; r2 holds one session's history
+    for i in range(12):
+        req = _req([*system, 1000 + i])
+        d = policy.choose(req, reps)
+        policy.on_dispatch(req, d)
+        reps[R.index(d.replica)].num_requests += 1
+    session = [*system, 5000, 5001, 5002]
+    idx.add(R[2], prompt(session))
+    d = policy.choose(_req([*session, 5003]), reps)
+    assert d.replica == R[2] and d.cached_blocks == 19
 
 
 def test_peer_sglang_balances_when_loads_diverge() -> None:
