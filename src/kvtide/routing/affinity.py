@@ -58,19 +58,21 @@ class PrefixAffinity(BasePolicy):
             return self._hashed(request, cands, key, "cold")
         cap = load_cap(cands, self.epsilon)
         best_blocks = 0
+        best_requests = 0
         ties: list[ReplicaState] = []
         capped = False
+        get = device.get
         for r in cands:
-            b = device.get(r.replica_id, 0)
+            b = get(r.replica_id, 0)
             if b < best_blocks or b == 0:
                 continue
-            if r.num_requests + 1 > cap:
+            q = r.num_requests
+            if q + 1 > cap:
                 capped = True
                 continue
-            if b > best_blocks:
-                best_blocks = b
-                ties = [r]
-            else:
+            if b > best_blocks or q < best_requests:
+                best_blocks, best_requests, ties = b, q, [r]
+            elif q == best_requests:
                 ties.append(r)
         if best_blocks < self.min_cached_blocks:
             return self._hashed(request, cands, key, "overload" if capped else "cold")

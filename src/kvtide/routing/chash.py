@@ -85,7 +85,20 @@ def rendezvous_top(key: int, replicas: Sequence[ReplicaId], k: int) -> list[Repl
     """The ``k`` replicas with the highest rendezvous (HRW) weight for ``key``
     (Thaler and Ravishankar, 1998): stable when other replicas come and go."""
     kb = (key & _MASK64).to_bytes(8, "little")
-    return heapq.nlargest(k, replicas, key=lambda r: _h64(kb + r.encode()))
+    ids = _ID_BYTES
+    if len(ids) > 65_536:  # replica ids come and go; keep the memo bounded
+        ids.clear()
+
+    def weight(r: ReplicaId) -> int:
+        raw = ids.get(r)
+        if raw is None:
+            raw = ids[r] = r.encode()
+        return _h64(kb + raw)
+
+    return heapq.nlargest(k, replicas, key=weight)
+
+
+_ID_BYTES: dict[str, bytes] = {}
 
 
 def tie_break(key: int, ties: Sequence[ReplicaState]) -> ReplicaState:

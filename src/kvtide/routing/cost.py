@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 from kvtide.errors import ConfigError
 from kvtide.routing.chash import (
@@ -27,11 +28,13 @@ from kvtide.routing.chash import (
 )
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import PrefixMatch
-from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon, load_cap
+from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
 from kvtide.routing.ttft import TtftModel
 from kvtide.types import ReplicaId, Tier
+
+K = TypeVar("K")
 
 
 def service_time(
@@ -80,6 +83,8 @@ class CostAware(BasePolicy):
         self.model = ctx.ttft_model
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
         self._inflight: dict[int, int] = {}  # prefix key -> requests in flight
+        self._inflight_at: dict[tuple[int, ReplicaId], int] = {}  # ... on each replica
+        self._inflight_full: dict[int, int] = {}  # whole-prompt key -> requests in flight
 
     def prefix_match(self, request: RouteRequest) -> PrefixMatch:
         if request.prefix_match is not None:
@@ -94,26 +99,53 @@ class CostAware(BasePolicy):
         match = self.prefix_match(request)
         if match.max_blocks < self.min_cached_blocks:
             return self._hashed(cands, key, "cold")
-        cap = load_cap(cands, self.epsilon)
+        total = sum([r.num_requests for r in cands])
+        cap = math.ceil((1.0 + self.epsilon) * (total + 1) / len(cands))  # as load_cap()
         eligible = [r for r in cands if r.num_requests < cap]
         reason = "affinity"
         if self.hot_replication and len(cands) > 1:
-            spread = self._spread(cands, eligible, key)
+            spread = self._spread(cands, eligible, key, total, request, match)
             if spread is not None:
                 eligible, reason = spread, "hot"
         return self._cheapest(request, eligible, match, key, reason)
 
     def _spread(
-        self, cands: list[ReplicaState], eligible: list[ReplicaState], key: int
+        self,
+        cands: list[ReplicaState],
+        eligible: list[ReplicaState],
+        key: int,
+        total: int,
+        request: RouteRequest,
+        match: PrefixMatch,
     ) -> list[ReplicaState] | None:
-        share = (sum(r.num_requests for r in cands) + 1) / len(cands)
+        """The replicas a hot prefix may go to now, or None when the prefix is not hot.
+
+        Hot: its requests in flight (counting this one) exceed one replica's share of all
+        requests in flight. It then lives on the k = ceil(load / share) replicas of
+        highest rendezvous weight, each taking at most ceil(load / k) of its requests in flight.
+        A replica holding more of this request than the hot prefix itself (its session, say)
+        stays eligible: spreading the shared part must not cost the private part's reuse.
+        """
+        share = (total + 1) / len(cands)
         load = self._inflight.get(key, 0) + 1
-        if load <= share or share < 1.0:
+        if share < 1.0 or load <= share:
             return None
         k = min(len(cands), math.ceil(load / share))
-        chosen = set(rendezvous_top(key, [r.replica_id for r in cands], k))
-        spread = [r for r in eligible if r.replica_id in chosen]
-        return spread or None
+        home = set(rendezvous_top(key, [r.replica_id for r in cands], k))
+        per_replica = math.ceil(load / k)
+        at = self._inflight_at
+        key_len = min(self.key_blocks, request.num_blocks)
+        full_load = self._inflight_full.get(_full_key(request, key), 0) + 1
+        # a deeper hold is private (a session's history) unless the whole prompt is hot too
+        deep = key_len if full_load <= share else request.num_blocks
+        held = match.any_tier
+        out = [
+            r
+            for r in eligible
+            if held.get(r.replica_id, 0) > deep
+            or (r.replica_id in home and at.get((key, r.replica_id), 0) < per_replica)
+        ]
+        return out or [r for r in eligible if r.replica_id in home] or None
 
     def _cheapest(
         self,
@@ -125,21 +157,42 @@ class CostAware(BasePolicy):
     ) -> RouteDecision:
         bt = request.block_tokens
         p = request.prompt_tokens
-        rate = self.prefill_tokens_per_s
-        memo: dict[tuple[int, int, int], float] = {}
+        inv_rate = 1.0 / self.prefill_tokens_per_s
+        model = self.model
         best: list[ReplicaState] = []
         best_s = math.inf
         best_blocks = (0, 0, 0)
-        for r in eligible:
-            blocks = match.tier_blocks(r.replica_id)
-            service_s = memo.get(blocks)
-            if service_s is None:
-                service_s = memo[blocks] = service_time(self.model, p, bt, blocks)
-            ttft_s = r.queued_prefill_tokens / rate + service_s
-            if ttft_s < best_s:
-                best_s, best, best_blocks = ttft_s, [r], blocks
-            elif ttft_s == best_s:
-                best.append(r)
+        dev, host, disk = match.within_tier
+        dev_get = dev.get
+        if host is dev and disk is dev:  # nothing below the device tier: the common fast path
+            memo1: dict[int, float] = {}
+            best_d = 0
+            for r in eligible:
+                d = dev_get(r.replica_id, 0)
+                service_s = memo1.get(d)
+                if service_s is None:
+                    service_s = memo1[d] = service_time(model, p, bt, (d, 0, 0))
+                ttft_s = r.queued_prefill_tokens * inv_rate + service_s
+                if ttft_s < best_s:
+                    best_s, best, best_d = ttft_s, [r], d
+                elif ttft_s == best_s:
+                    best.append(r)
+            best_blocks = (best_d, 0, 0)
+        else:
+            memo: dict[tuple[int, int, int], float] = {}
+            for r in eligible:
+                rid = r.replica_id
+                d = dev_get(rid, 0)
+                h = host.get(rid, 0)
+                blocks = (d, h - d, disk.get(rid, 0) - h)
+                service_s = memo.get(blocks)
+                if service_s is None:
+                    service_s = memo[blocks] = service_time(model, p, bt, blocks)
+                ttft_s = r.queued_prefill_tokens * inv_rate + service_s
+                if ttft_s < best_s:
+                    best_s, best, best_blocks = ttft_s, [r], blocks
+                elif ttft_s == best_s:
+                    best.append(r)
         chosen = best[0] if len(best) == 1 else tie_break(key, best)
         cached = sum(best_blocks)
         return RouteDecision(
@@ -161,11 +214,26 @@ class CostAware(BasePolicy):
     def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
         key = prefix_key(request, self.key_blocks)
         self._inflight[key] = self._inflight.get(key, 0) + 1
+        at = (key, decision.replica)
+        self._inflight_at[at] = self._inflight_at.get(at, 0) + 1
+        full = _full_key(request, key)
+        self._inflight_full[full] = self._inflight_full.get(full, 0) + 1
 
     def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
         key = prefix_key(request, self.key_blocks)
-        left = self._inflight.get(key, 0) - 1
-        if left > 0:
-            self._inflight[key] = left
-        else:
-            self._inflight.pop(key, None)
+        _decrement(self._inflight, key)
+        _decrement(self._inflight_at, (key, replica))
+        _decrement(self._inflight_full, _full_key(request, key))
+
+
+def _full_key(request: RouteRequest, key: int) -> int:
+    """The key of the whole prompt's full blocks (the last chained hash covers them all)."""
+    return int(request.block_hashes[-1]) if request.num_blocks else key
+
+
+def _decrement(counts: dict[K, int], key: K) -> None:
+    left = counts.get(key, 0) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)

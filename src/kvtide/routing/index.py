@@ -20,6 +20,7 @@ from kvtide.routing.table import NUM_TIERS, BlockTable
 from kvtide.types import BlockHash, ReplicaId, Tier
 
 _EMPTY: Mapping[ReplicaId, int] = {}
+_BYTE_BITS = tuple(tuple(i for i in range(8) if b >> i & 1) for b in range(256))
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +171,11 @@ class GlobalPrefixIndex:
                 run, run_kind = [], kind
             if isinstance(event, BlockStored):
                 parent = event.parent_block_hash
-                chained = parent is None or (bool(run) and run[-1] == parent)
-                if not chained and not self.holds(replica, BlockHash(parent or 0), event.tier):
-                    self.counters.orphan_stores += 1
+                if parent is not None and not (run and run[-1] == parent):
+                    self._flush(replica, run_kind, run)  # the parent may sit in the run
+                    run = []
+                    if not self.holds(replica, parent, event.tier):
+                        self.counters.orphan_stores += 1
             run.extend(event.block_hashes)
         self._flush(replica, run_kind, run)
 
@@ -204,26 +207,24 @@ class GlobalPrefixIndex:
         n = len(raw) >> 3
         if n == 0 or self._table.num_blocks == 0:
             return PrefixMatch(n)
-        lengths = self._exact if exact else self._bisect
+        ends_of = self._exact if exact else self._bisect
         tiers = self._table.tiers_in_use
         out: list[Mapping[ReplicaId, int]] = []
-        prev: dict[int, int] | None = None
         for t in range(NUM_TIERS):
-            if prev is not None and t not in tiers:
+            if out and t not in tiers:
                 out.append(out[-1])  # no blocks in this tier: same answer as the tier above
                 continue
-            prev = lengths(raw, n, t)
-            rep = self._replica_of
-            out.append({r: k for b, k in prev.items() if (r := rep[b]) is not None})
+            out.append(self._expand(ends_of(raw, n, t)))
         return PrefixMatch(n, tuple(out))
 
-    def _bisect(self, raw: bytes, n: int, max_tier: int) -> dict[int, int]:
+    def _bisect(self, raw: bytes, n: int, max_tier: int) -> list[tuple[int, int]]:
+        """(replica mask, held prefix length) pairs, by bisection over monotone masks."""
         mask_at = self._table.mask_at
         frm = int.from_bytes
-        out: dict[int, int] = {}
+        ends: list[tuple[int, int]] = []
         m0 = mask_at(frm(raw[:8], "little"), max_tier)
         if not m0:
-            return out
+            return ends
         # (lo, hi, mask at lo, mask at hi): replicas in mlo & ~mhi end in (lo, hi].
         stack = [(0, n, m0, 0)]
         while stack:
@@ -232,36 +233,44 @@ class GlobalPrefixIndex:
             if not diff:
                 continue
             if hi - lo == 1:
-                while diff:
-                    low = diff & -diff
-                    out[low.bit_length() - 1] = hi
-                    diff ^= low
+                ends.append((diff, hi))
                 continue
             mid = (lo + hi) >> 1
             p = mid << 3
             mm = mask_at(frm(raw[p : p + 8], "little"), max_tier) & mlo
             stack.append((mid, hi, mm, mhi & mm))
             stack.append((lo, mid, mlo, mm))
-        return out
+        return ends
 
-    def _exact(self, raw: bytes, n: int, max_tier: int) -> dict[int, int]:
+    def _exact(self, raw: bytes, n: int, max_tier: int) -> list[tuple[int, int]]:
+        """(replica mask, held prefix length) pairs, by a walk over every block."""
         mask_at = self._table.mask_at
-        out: dict[int, int] = {}
+        ends: list[tuple[int, int]] = []
         alive = -1
         for i, h in enumerate(BlockHashes(raw).tolist()):
             m = alive & mask_at(h, max_tier)
-            dropped = alive & ~m if i else 0
-            while dropped:
-                low = dropped & -dropped
-                out[low.bit_length() - 1] = i
-                dropped ^= low
+            if i and alive & ~m:
+                ends.append((alive & ~m, i))
             alive = m
             if not alive:
-                return out
-        while alive:
-            low = alive & -alive
-            out[low.bit_length() - 1] = n
-            alive ^= low
+                return ends
+        ends.append((alive, n))
+        return ends
+
+    def _expand(self, ends: list[tuple[int, int]]) -> dict[ReplicaId, int]:
+        rep = self._replica_of
+        out: dict[ReplicaId, int] = {}
+        for mask, length in ends:
+            base = 0
+            while mask:
+                byte = mask & 255
+                if byte:
+                    for i in _BYTE_BITS[byte]:
+                        r = rep[base + i]
+                        if r is not None:
+                            out[r] = length
+                mask >>= 8
+                base += 8
         return out
 
     def _replicas(self, mask: int) -> list[ReplicaId]:

@@ -168,6 +168,12 @@ class SequencedIngest(Generic[T]):
             return
         self.health.repaired(replica, resync=True)
 
+    def rewind(self, replica: ReplicaId) -> None:
+        """Clears the replica and rejoins its stream at the next batch received (before a
+        replay of the publisher's whole buffer)."""
+        self._clear(replica)
+        self._streams[replica] = _Stream()
+
     def forget(self, replica: ReplicaId) -> None:
         """A replica left: clear it and stop tracking its stream."""
         self._streams.pop(replica, None)

@@ -20,7 +20,7 @@ from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import IndexStore
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
-from kvtide.routing.ttft import LinearTtftModel, TtftModel
+from kvtide.routing.ttft import TtftModel, default_ttft_model
 from kvtide.types import ReplicaId
 
 
@@ -51,7 +51,7 @@ class RoutingContext:
     clock: Clock = field(default_factory=ManualClock)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     index: IndexStore | None = None
-    ttft_model: TtftModel = field(default_factory=LinearTtftModel)
+    ttft_model: TtftModel = field(default_factory=default_ttft_model)
     health: IndexHealth = field(default_factory=IndexHealth)
 
     def require_index(self, policy: str) -> IndexStore:
@@ -85,7 +85,7 @@ class BasePolicy:
 def load_cap(replicas: Sequence[ReplicaState], epsilon: float) -> int:
     """Mirrokni-Thorup-Zadimoghaddam (SODA'18) capacity: ceil((1+eps) * average load), where
     the average counts the request being placed. A replica may take it only below this cap."""
-    total = sum(r.num_requests for r in replicas) + 1
+    total = sum([r.num_requests for r in replicas]) + 1
     return math.ceil((1.0 + epsilon) * total / len(replicas))
 
 

@@ -39,6 +39,7 @@ class BlockTable:
 
     __slots__ = (
         "_cap",
+        "_dev",
         "_keys",
         "_kv",
         "_mask",
@@ -64,7 +65,7 @@ class BlockTable:
         # _masks[tier] is None until a block of that tier arrives, else one array per word
         self._masks: list[list[array[int]] | None] = [None] * NUM_TIERS
         self._mv: list[list[U64] | None] = [None] * NUM_TIERS
-        self._tier_words(0)
+        self._dev = self._tier_words(0)[0]  # device tier, replicas 0-63: the usual lookup
         self._num_live = 0
         self._num_used = 0
 
@@ -148,12 +149,23 @@ class BlockTable:
 
     def mask_at(self, h: int, max_tier: int = 0) -> int:
         """Replicas holding ``h`` in a tier ``<= max_tier``, as a bitmask (0 when absent)."""
-        i = self.slot(h)
-        if i < 0:
-            return 0
+        k = h ^ _XOR
+        keys = self._keys
+        m = self._mask
+        i = k & m
+        while True:  # slot(), inlined: this is the router's hottest loop
+            x = keys[i]
+            if x == k:
+                break
+            if x == _EMPTY:
+                return 0
+            i = (i + 1) & m
+        if max_tier == 0 and self.num_words == 1:
+            return self._dev[i]
+        masks = self._masks
         out = 0
         for tier in range(max_tier + 1):
-            words = self._masks[tier]
+            words = masks[tier]
             if words is None:
                 continue
             out |= words[0][i]
@@ -181,6 +193,7 @@ class BlockTable:
         keys = _as_keys(hashes)
         if len(keys) == 0:
             return 0
+        self.grow_words((bit >> 6) + 1)
         if len(keys) < SMALL_BATCH:
             return self._add_scalar(keys.tolist(), bit, tier)
         keys = np.unique(keys)
@@ -236,7 +249,7 @@ class BlockTable:
         """Clears replica ``bit`` from each hash in ``tier``; returns how many keys went empty."""
         keys = _as_keys(hashes)
         views = self._mv[tier]
-        if len(keys) == 0 or views is None:
+        if len(keys) == 0 or views is None or bit >> 6 >= self.num_words:
             return 0
         if len(keys) < SMALL_BATCH:
             freed = 0
@@ -259,6 +272,8 @@ class BlockTable:
     def clear_bit(self, bit: int) -> int:
         """Removes replica ``bit`` everywhere, O(slots); returns how many keys went empty."""
         touched: list[npt.NDArray[np.intp]] = []
+        if bit >> 6 >= self.num_words:
+            return 0
         b = np.uint64(1 << (bit & 63))
         for views in self._mv:
             if views is None:

@@ -1,8 +1,9 @@
 """Time-to-first-token estimates for routing, in seconds, behind a small protocol.
 
 ``kvtide.core.cost_model.CostModel`` satisfies ``TtftModel`` as it is (same method names and
-meanings), so the simulator passes its cost model straight in; ``LinearTtftModel`` is the
-stand-in used when none is given: a constant prefill rate and constant tier bandwidths.
+meanings, checked by mypy below), so the simulator passes its cost model straight in; the
+default is the cost model of Llama-3-8B on one H100. ``LinearTtftModel`` is a stand-in with a
+constant prefill rate and constant tier bandwidths, for tests and back-of-envelope runs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvtide.core.cost_model import CostModel
+from kvtide.core.specs import gpu_preset, model_preset
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
@@ -76,3 +79,12 @@ class LinearTtftModel:
             load_s = reload_tokens * self.kv_bytes_per_token / (bw * max(1.0 - link_load, 1e-9))
         compute_s = self.prefill_time(cached_tokens - reload_tokens + new_tokens, reload_tokens)
         return max(load_s, compute_s)
+
+
+def default_ttft_model() -> TtftModel:
+    """Llama-3-8B in bf16 on one H100, from kvtide's cost model."""
+    return _as_ttft_model(CostModel(model_preset("llama-3-8b"), gpu_preset("h100")))
+
+
+def _as_ttft_model(model: CostModel) -> TtftModel:
+    return model  # mypy checks here that CostModel satisfies the protocol

@@ -139,6 +139,7 @@ class KvEventSubscriber:
         replay_endpoint: str | None = None,
         topic: str = "",
         replay_timeout_s: float = 1.0,
+        bind: bool = False,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         self.replica = replica
@@ -147,7 +148,11 @@ class KvEventSubscriber:
         self._ctx = context or zmq.Context.instance()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self._sub.connect(endpoint)
+        if bind:  # vLLM connects its PUB to non-wildcard endpoints: the subscriber binds
+            self._sub.bind(endpoint)
+        else:
+            self._sub.connect(endpoint)
+        self.bound_endpoint: str = self._sub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay_endpoint = replay_endpoint
         self._replay: zmq.Socket[bytes] | None = None
         self.num_malformed = 0
@@ -170,6 +175,16 @@ class KvEventSubscriber:
             if gap is not None:
                 self._repair(gap)
         return got
+
+    def bootstrap(self, from_seq: int = 0) -> None:
+        """Asks the replay socket for every buffered batch from ``from_seq`` on (a subscriber
+        that joins late, or that lost the first messages to ZMQ's slow-joiner window)."""
+        if self._replay_endpoint is None:
+            return
+        self.ingest.rewind(self.replica)
+        self._replay_from(from_seq)
+        if self.ingest.has_gap(self.replica):
+            self.ingest.resync(self.replica, self._first_pending(None))
 
     def _receive(self, seq_raw: bytes, payload: bytes) -> Gap | None:
         seq = seq_from_bytes(seq_raw)

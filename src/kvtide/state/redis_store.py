@@ -10,6 +10,7 @@ The only module that imports redis. Key layout (``P`` = ``prefix``, default "kvt
         Bumping a replica's epoch clears it in O(1) (AllBlocksCleared, resync): fields written
         under an older epoch are ignored by queries and expire with their keys.
 
+``RedisIndexStore`` is synchronous; ``AsyncRedisIndexStore`` is the same for asyncio callers.
 Writes are pipelined (one round trip per event batch). A query costs two round trips: first
 ``sample_blocks`` evenly spaced blocks of the prompt, then every block inside the sampled
 intervals where some replica's held prefix ends (held prefixes are monotone along the prompt,
@@ -20,10 +21,11 @@ by replica), so a writer's cached epoch of its replica stays current.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.hashing import as_block_hashes
@@ -31,6 +33,35 @@ from kvtide.errors import StateStoreError
 from kvtide.routing.index import PrefixMatch
 from kvtide.routing.table import NUM_TIERS
 from kvtide.types import BlockHash, ReplicaId
+
+
+class _Layout:
+    """Key names and write commands of the layout described in the module docstring."""
+
+    __slots__ = ("epoch_key", "prefix", "ttl_s")
+
+    def __init__(self, prefix: str, ttl_s: float) -> None:
+        self.prefix = prefix
+        self.ttl_s = math.ceil(ttl_s)
+        self.epoch_key = f"{prefix}:epoch"
+
+    def block_key(self, h: int) -> str:
+        return f"{self.prefix}:blk:{{{h & 0xFFFFFFFFFFFFFFFF:016x}}}"
+
+    def commands(
+        self, replica: ReplicaId, epoch: int, events: list[BlockStored | BlockRemoved]
+    ) -> list[tuple[str, str, tuple[object, ...]]]:
+        out: list[tuple[str, str, tuple[object, ...]]] = []
+        for e in events:
+            field = f"{replica}|{int(e.tier)}"
+            if isinstance(e, BlockStored):
+                for h in e.block_hashes:
+                    key = self.block_key(h)
+                    out.append(("hset", key, (field, epoch)))
+                    out.append(("expire", key, (self.ttl_s,)))
+            else:
+                out.extend(("hdel", self.block_key(h), (field,)) for h in e.block_hashes)
+        return out
 
 
 class RedisIndexStore:
@@ -43,14 +74,14 @@ class RedisIndexStore:
         sample_blocks: int = 32,
     ) -> None:
         self.client = client
+        self.layout = _Layout(prefix, ttl_s)
         self.prefix = prefix
-        self.ttl_s = math.ceil(ttl_s)
         self.sample_blocks = max(sample_blocks, 2)
-        self._epoch_key = f"{prefix}:epoch"
+        self._epoch_key = self.layout.epoch_key
         self._epochs: dict[ReplicaId, int] = {}
 
     def block_key(self, h: int) -> str:
-        return f"{self.prefix}:blk:{{{h & 0xFFFFFFFFFFFFFFFF:016x}}}"
+        return self.layout.block_key(h)
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -65,30 +96,13 @@ class RedisIndexStore:
         self.apply_all(replica, (event,))
 
     def apply_all(self, replica: ReplicaId, events: Iterable[KVEvent]) -> None:
-        epoch = self._epoch(replica)
-        pipe = self.client.pipeline(transaction=False)
-        queued = 0
-        for e in events:
-            if isinstance(e, AllBlocksCleared):
-                if queued:
-                    self._call(pipe.execute)
-                    pipe = self.client.pipeline(transaction=False)
-                    queued = 0
+        for segment in _segments(events):
+            if segment is None:
                 self.clear_replica(replica)
-                epoch = self._epochs[replica]
                 continue
-            field = f"{replica}|{int(e.tier)}"
-            if isinstance(e, BlockStored):
-                for h in e.block_hashes:
-                    key = self.block_key(h)
-                    pipe.hset(key, field, epoch)
-                    pipe.expire(key, self.ttl_s)
-                    queued += 2
-            elif isinstance(e, BlockRemoved):
-                for h in e.block_hashes:
-                    pipe.hdel(self.block_key(h), field)
-                    queued += 1
-        if queued:
+            pipe = self.client.pipeline(transaction=False)
+            for op, key, args in self.layout.commands(replica, self._epoch(replica), segment):
+                getattr(pipe, op)(key, *args)
             self._call(pipe.execute)
 
     def clear_replica(self, replica: ReplicaId) -> None:
@@ -97,76 +111,20 @@ class RedisIndexStore:
     # --- queries ---------------------------------------------------------------------------
 
     def match(self, hashes: Sequence[BlockHash], *, exact: bool = False) -> PrefixMatch:
-        seq = as_block_hashes(hashes).tolist()
-        n = len(seq)
-        if n == 0:
-            return PrefixMatch(0)
-        if exact:
-            epochs, rows = self._fetch(seq, range(n))
-            known = dict(zip(range(n), rows, strict=True))
-            return self._lengths(n, list(range(n)), known, epochs, {})
-        step = max(1, math.ceil(n / self.sample_blocks))
-        samples = sorted(set(range(0, n, step)) | {n - 1})
-        epochs, rows = self._fetch(seq, samples)
-        known = dict(zip(samples, rows, strict=True))
-        # brackets (sample i, sample i+1) in which some replica's prefix ends, per tier
-        wanted: set[int] = set()
-        for t in range(NUM_TIERS):
-            for i in _ends(samples, known, epochs, t).values():
-                if i + 1 < len(samples):
-                    wanted.update(range(samples[i] + 1, samples[i + 1]))
-        wanted -= known.keys()
-        extra: dict[int, dict[ReplicaId, int]] = {}
-        if wanted:
-            order = sorted(wanted)
-            _, more = self._fetch(seq, order)
-            extra = dict(zip(order, more, strict=True))
-        return self._lengths(n, samples, known, epochs, extra)
-
-    def _lengths(
-        self,
-        n: int,
-        samples: list[int],
-        known: dict[int, dict[ReplicaId, int]],
-        epochs: Mapping[ReplicaId, int],
-        extra: dict[int, dict[ReplicaId, int]],
-    ) -> PrefixMatch:
-        rows = {**known, **extra}
-        out: list[dict[ReplicaId, int]] = []
-        for t in range(NUM_TIERS):
-            lengths: dict[ReplicaId, int] = {}
-            for r, i in _ends(samples, known, epochs, t).items():
-                length = samples[i] + 1
-                while length < n and length in rows and rows[length].get(r, NUM_TIERS) <= t:
-                    length += 1
-                lengths[r] = length
-            out.append(lengths)
-        return PrefixMatch(n, tuple(out))
+        q = _Query(as_block_hashes(hashes).tolist(), self.sample_blocks, exact)
+        positions = q.first_positions()
+        while positions:
+            positions = q.take(*self._fetch(q.seq, positions))
+        return q.result()
 
     def _fetch(
-        self, seq: list[BlockHash], positions: Iterable[int]
+        self, seq: list[BlockHash], positions: list[int]
     ) -> tuple[dict[ReplicaId, int], list[dict[ReplicaId, int]]]:
-        """Current epochs, and per position the replicas holding that block -> best tier."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self._epoch_key)
-        positions = list(positions)
         for p in positions:
             pipe.hgetall(self.block_key(seq[p]))
-        res: list[Any] = self._call(pipe.execute)
-        epochs = {ReplicaId(_s(k)): int(v) for k, v in res[0].items()}
-        rows = []
-        for raw in res[1:]:
-            row: dict[ReplicaId, int] = {}
-            for f, v in raw.items():
-                rid, _, tier = _s(f).rpartition("|")
-                r = ReplicaId(rid)
-                if int(v) != epochs.get(r, 0):
-                    continue  # written before the replica was last cleared
-                t = int(tier)
-                if t < row.get(r, NUM_TIERS):
-                    row[r] = t
-            rows.append(row)
-        return epochs, rows
+        return _parse(self._call(pipe.execute))
 
     @staticmethod
     def _call(fn: Any, *args: Any) -> Any:
@@ -184,15 +142,155 @@ class RedisIndexStore:
         return n
 
 
+class AsyncRedisIndexStore:
+    """The same index and key layout for asyncio callers (the gateway): ``await match`` and
+    hand the result to ``RouteRequest.prefix_match``, so ``choose`` itself stays I/O-free."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        prefix: str = "kvtide",
+        ttl_s: float = 3600.0,
+        sample_blocks: int = 32,
+    ) -> None:
+        self.client = client
+        self.layout = _Layout(prefix, ttl_s)
+        self.prefix = prefix
+        self.sample_blocks = max(sample_blocks, 2)
+        self._epoch_key = f"{prefix}:epoch"
+        self._epochs: dict[ReplicaId, int] = {}
+
+    async def _epoch(self, replica: ReplicaId) -> int:
+        e = self._epochs.get(replica)
+        if e is None:
+            raw = await _acall(self.client.hget(self._epoch_key, replica))
+            e = self._epochs[replica] = int(raw) if raw is not None else 0
+        return e
+
+    async def apply_all(self, replica: ReplicaId, events: Iterable[KVEvent]) -> None:
+        for segment in _segments(events):
+            if segment is None:
+                await self.clear_replica(replica)
+                continue
+            epoch = await self._epoch(replica)
+            pipe = self.client.pipeline(transaction=False)
+            for op, key, args in self.layout.commands(replica, epoch, segment):
+                getattr(pipe, op)(key, *args)
+            await _acall(pipe.execute())
+
+    async def clear_replica(self, replica: ReplicaId) -> None:
+        self._epochs[replica] = int(await _acall(self.client.hincrby(self._epoch_key, replica, 1)))
+
+    async def match(self, hashes: Sequence[BlockHash], *, exact: bool = False) -> PrefixMatch:
+        q = _Query(as_block_hashes(hashes).tolist(), self.sample_blocks, exact)
+        positions = q.first_positions()
+        while positions:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(self._epoch_key)
+            for p in positions:
+                pipe.hgetall(self.layout.block_key(q.seq[p]))
+            positions = q.take(*_parse(await _acall(pipe.execute())))
+        return q.result()
+
+
+async def _acall(awaitable: Awaitable[Any]) -> Any:
+    try:
+        return await awaitable
+    except redis.RedisError as exc:
+        raise StateStoreError(f"redis: {exc}") from exc
+
+
+class _Query:
+    """The prefix query as a small state machine, shared by the sync and async stores: first
+    the sampled positions, then every position inside a sampled interval where some replica's
+    held prefix ends (held prefixes are monotone along a prompt)."""
+
+    def __init__(self, seq: list[BlockHash], sample_blocks: int, exact: bool) -> None:
+        self.seq = seq
+        n = self.n = len(seq)
+        step = 1 if exact else max(1, math.ceil(n / sample_blocks))
+        self.samples = sorted(set(range(0, n, step)) | {n - 1}) if n else []
+        self.epochs: dict[ReplicaId, int] = {}
+        self.known: dict[int, dict[ReplicaId, int]] = {}
+        self.extra: dict[int, dict[ReplicaId, int]] = {}
+        self._wanted: list[int] | None = None
+
+    def first_positions(self) -> list[int]:
+        return list(self.samples)
+
+    def take(self, epochs: dict[ReplicaId, int], rows: list[dict[ReplicaId, int]]) -> list[int]:
+        """Takes one round's answers; returns the positions to fetch next (none: done)."""
+        if self._wanted is None:
+            self.epochs = epochs
+            self.known = dict(zip(self.samples, rows, strict=True))
+            samples = self.samples
+            wanted: set[int] = set()
+            for t in range(NUM_TIERS):
+                for i in _ends(samples, self.known, t).values():
+                    if i + 1 < len(samples):
+                        wanted.update(range(samples[i] + 1, samples[i + 1]))
+            self._wanted = sorted(wanted - self.known.keys())
+            return self._wanted
+        self.extra = dict(zip(self._wanted, rows, strict=True))
+        return []
+
+    def result(self) -> PrefixMatch:
+        if not self.n:
+            return PrefixMatch(0)
+        rows = {**self.known, **self.extra}
+        samples, n = self.samples, self.n
+        out: list[dict[ReplicaId, int]] = []
+        for t in range(NUM_TIERS):
+            lengths: dict[ReplicaId, int] = {}
+            for r, i in _ends(samples, self.known, t).items():
+                length = samples[i] + 1
+                while length < n and length in rows and rows[length].get(r, NUM_TIERS) <= t:
+                    length += 1
+                lengths[r] = length
+            out.append(lengths)
+        return PrefixMatch(n, tuple(out))
+
+
+def _parse(res: list[Any]) -> tuple[dict[ReplicaId, int], list[dict[ReplicaId, int]]]:
+    """Epochs, and per fetched block the replicas holding it (current epoch) -> best tier."""
+    epochs = {ReplicaId(_s(k)): int(v) for k, v in res[0].items()}
+    rows = []
+    for raw in res[1:]:
+        row: dict[ReplicaId, int] = {}
+        for f, v in raw.items():
+            rid, _, tier = _s(f).rpartition("|")
+            r = ReplicaId(rid)
+            if int(v) != epochs.get(r, 0):
+                continue  # written before the replica was last cleared
+            t = int(tier)
+            if t < row.get(r, NUM_TIERS):
+                row[r] = t
+        rows.append(row)
+    return epochs, rows
+
+
+def _segments(events: Iterable[KVEvent]) -> Iterator[list[BlockStored | BlockRemoved] | None]:
+    """Runs of stores and removals, split by clears (``None``), in order."""
+    run: list[BlockStored | BlockRemoved] = []
+    for e in events:
+        if isinstance(e, AllBlocksCleared):
+            if run:
+                yield run
+                run = []
+            yield None
+        else:
+            run.append(e)
+    if run:
+        yield run
+
+
 def _s(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
 
 
 def _ends(
-    samples: list[int],
-    known: dict[int, dict[ReplicaId, int]],
-    epochs: Mapping[ReplicaId, int],
-    tier: int,
+    samples: list[int], known: dict[int, dict[ReplicaId, int]], tier: int
 ) -> dict[ReplicaId, int]:
     """Per replica holding sample 0 in a tier <= ``tier``: the index of the last sample up to
     which it holds every sample."""
