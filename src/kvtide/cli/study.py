@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     add_fleet_arguments(coordinator, with_workload=False)
-    coordinator.set_defaults(replicas=8, load=0.7, gpu_cache_tokens=131_072)
+    coordinator.set_defaults(replicas=8, load=0.7, gpu_cache_tokens=65_536)
     coordinator.add_argument(
         "--uniform",
         default=DEFAULT_TRAFFIC["uniform"],
