@@ -1,11 +1,13 @@
 """N engine replicas behind a routing policy, on one event loop.
 
-The fleet routes each arriving request with the real policy object, runs each replica's
-``Scheduler`` iteration by iteration (a decode-only run is one event, cut short when a new
-request arrives), forwards the replicas' KV events to the router with a delay and a loss rate,
-takes replicas down and up at given times, and samples counters for the time series.
-With ``num_decode_replicas`` the fleet is disaggregated: the routed replicas only prefill, and
-each request then moves, after its KV transfer, to the least busy decode replica.
+The fleet routes each arriving request through ``routing.Router`` with the real policy object,
+runs each replica's ``Scheduler`` iteration by iteration (a decode-only run is one event, cut
+short when a new request arrives), sends the replicas' KV events to the router's index through
+the routing package's delayed, lossy channel and sequenced ingest, takes replicas (and the
+index's coordinator) down and up at given times, and samples counters for the time series.
+Options: a host tier per replica (``core.tiers``), a global KV pool over the peers' caches,
+and disaggregation (the routed replicas only prefill; each request then moves, after its KV
+transfer, to the least busy decode replica).
 """
 
 from __future__ import annotations
