@@ -21,9 +21,15 @@ from kvtide.errors import ConfigError
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.sim.fleet import Outage
 from kvtide.sim.parallel import run_many
-from kvtide.sim.policies import build_policy, needs_index
+from kvtide.sim.policies import build_policy, needs_index, policy_names
 from kvtide.sim.report import write_report
-from kvtide.sim.scenario import RunResult, Scenario, describe_setup, prepare
+from kvtide.sim.scenario import (
+    DEFAULT_EVICTION,
+    RunResult,
+    Scenario,
+    describe_setup,
+    prepare,
+)
 
 DEFAULT_ROUTERS = "round_robin,least_load,chash,precise,cost"
 DEFAULT_WORKLOAD = "builtin:mixed"
@@ -50,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--router",
         default=DEFAULT_ROUTERS,
         metavar="P[,P...]",
-        help=f"routing policies to compare (default {DEFAULT_ROUTERS})",
+        help=f"routing policies to compare, each NAME[:key=value...] (default "
+        f"{DEFAULT_ROUTERS}; valid: {', '.join(policy_names())})",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", dest="json_path", help="write JSON")
     parser.add_argument(
@@ -103,7 +110,10 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
         help="simulate a disaggregated prefill pool alone: requests end at their first token",
     )
     parser.add_argument(
-        "--eviction", default="lru", metavar="P", help="eviction policy (default lru)"
+        "--eviction",
+        default=DEFAULT_EVICTION,
+        metavar="P",
+        help=f"eviction policy (default {DEFAULT_EVICTION})",
     )
     parser.add_argument(
         "--gpu-cache-tokens",

@@ -57,6 +57,7 @@ class FleetConfig:
     capacity_blocks: int
     block_tokens: int
     eviction: str = "lru"
+    """Every tier's eviction policy."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     event_delay_s: float = 0.0
     """Seconds from a cache change to the router's index learning of it."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtide.clock import ManualClock
+from kvtide.core.cache import CacheConfig
 from kvtide.core.cost_model import CostModel
 from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
 from kvtide.core.specs import gpu_preset, resolve_model
@@ -29,6 +30,10 @@ from kvtide.sim.policies import build_policy, needs_index
 from kvtide.types import Request
 from kvtide.workloads import open_workload
 
+DEFAULT_EVICTION: str = next(
+    f.default for f in dataclasses.fields(CacheConfig) if f.name == "policy"
+)  # type: ignore[assignment]
+"""The cache core's default eviction policy."""
 NUM_WINDOWS = 120
 """Time-series windows per run."""
 NUM_CDF_POINTS = 200
@@ -52,7 +57,7 @@ class Scenario:
     tp: int = 1
     replicas: int = 4
     router: str = "round_robin"
-    eviction: str = "lru"
+    eviction: str = DEFAULT_EVICTION
     gpu_cache_tokens: int = 262_144
     host_cache_tokens: int = 0
     event_delay_s: float = 0.0
