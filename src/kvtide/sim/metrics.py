@@ -7,6 +7,7 @@ them into a ``RunSummary`` whose ``to_json`` is the run object of ``kvtide simul
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -91,6 +92,7 @@ class TimeSeries:
 
     times_s: list[float] = field(default_factory=list)
     hit_ratio: list[float] = field(default_factory=list)
+    """NaN for a window in which no request was admitted."""
     evictions_per_s: list[float] = field(default_factory=list)
     replica_busy: list[list[float]] = field(default_factory=list)
     """Per replica, the fraction of each window it spent computing."""
@@ -126,7 +128,7 @@ class MetricsCollector:
             out.times_s.append(cur.time_s)
             prompt = cur.prompt_tokens - prev.prompt_tokens
             hits = cur.hit_tokens - prev.hit_tokens
-            out.hit_ratio.append(hits / prompt if prompt else 0.0)
+            out.hit_ratio.append(hits / prompt if prompt else math.nan)  # nothing admitted
             out.evictions_per_s.append((cur.evicted_blocks - prev.evicted_blocks) / span)
             for i in range(num_replicas):
                 out.replica_busy[i].append(min(1.0, (cur.busy_s[i] - prev.busy_s[i]) / span))

@@ -66,7 +66,7 @@ def line_chart(
 ) -> str:
     """An SVG line chart; a legend on the right names each line."""
     xs = [x for line in lines for x in line.xs if not log_x or x > 0]
-    ys = [y for line in lines for y in line.ys]
+    ys = [y for line in lines for y in line.ys if not math.isnan(y)]
     if not xs or not ys:
         return "<p><em>no data</em></p>"
     fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
@@ -119,15 +119,25 @@ def line_chart(
     )
     for i, line in enumerate(lines):
         color = PALETTE[i % len(PALETTE)]
-        pts = [(px(x), py(y)) for x, y in zip(line.xs, line.ys, strict=False) if not log_x or x > 0]
-        if line.points_only:
-            out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{color}"/>' for x, y in pts)
-        elif pts:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-            dash = ' stroke-dasharray="5,3"' if line.dashed else ""
-            out.append(
-                f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.6"{dash}/>'
-            )
+        # A NaN value breaks the line: nothing was measured there.
+        runs: list[list[tuple[float, float]]] = [[]]
+        for x, y in zip(line.xs, line.ys, strict=False):
+            if math.isnan(y) or (log_x and x <= 0):
+                runs.append([])
+            else:
+                runs[-1].append((px(x), py(y)))
+        dash = ' stroke-dasharray="5,3"' if line.dashed else ""
+        for run in runs:
+            if line.points_only:
+                out.extend(
+                    f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{color}"/>' for x, y in run
+                )
+            elif run:
+                path = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
+                out.append(
+                    f'<polyline points="{path}" fill="none" stroke="{color}" '
+                    f'stroke-width="1.6"{dash}/>'
+                )
         ly = TOP + 12 + 16 * i
         out.append(
             f'<line x1="{WIDTH - RIGHT + 10}" x2="{WIDTH - RIGHT + 28}" y1="{ly - 4}" '
