@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvtide.clock import Clock
 from kvtide.core.cache import KVCache, Match
@@ -178,7 +178,6 @@ class EngineStats:
     hit_tokens: int = 0
     fetched_tokens: int = 0
     prompt_tokens: int = 0
-    per_request: list[RequestRecord] = field(default_factory=list)
 
 
 class Scheduler:
@@ -250,15 +249,6 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
-
-    def queued_prefill_tokens(self) -> int:
-        """Prompt tokens still to prefill, running and waiting (an upper bound: no hits)."""
-        total = 0
-        for seq in self.running:
-            total += seq.num_target - seq.num_computed
-        for seq in self.waiting:
-            total += seq.request.prompt_tokens + seq.num_generated
-        return total
 
     def take_events(self) -> list[KVEvent]:
         """The cache's KV events since the last call (every tier's, when tiered)."""
