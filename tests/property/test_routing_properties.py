@@ -35,34 +35,49 @@ def test_no_replica_takes_a_request_above_the_bounded_load_cap(
     ops: list[tuple[bool, int, int]], n: int, epsilon: float, name: str
 ) -> None:
     """Whatever arrives and completes, a replica is chosen only while its load stays within
-    ceil((1+eps) x average) counting the new request (Mirrokni et al.); with arrivals only,
-    no replica is ever above it."""
+    ceil((1+eps) x average) requests counting the new one (Mirrokni et al.); with arrivals
+    only, no replica is ever above it. ``cost`` caps work instead where it routes on the
+    index: the chosen replica's queued prefill seconds q_r <= (1+eps) x (sum q + s) / n + s,
+    s the request's cold prefill; its cold prefixes keep chash's bound on requests."""
     index = GlobalPrefixIndex()
     rng = random.Random(0)
-    policy = make_policy(name, RoutingContext(index=index), {"epsilon": epsilon})
+    ctx = RoutingContext(index=index)
+    policy = make_policy(name, ctx, {"epsilon": epsilon})
+    model = ctx.ttft_model
+    rate = model.prefill_tokens_per_s()
     reps = [ReplicaState(f"r{i}") for i in range(n)]
-    inflight: list[tuple[RouteRequest, ReplicaState]] = []
+    inflight: list[tuple[RouteRequest, ReplicaState, int]] = []
     prefixes = [hash_block_ids([p, p + 1, p + 2], 1) for p in range(8)]
     arrivals_only = True
     for arrive, prefix, salt in ops:
         if arrive or not inflight:
-            req = RouteRequest(prefixes[prefix], 48 + salt % 7, 16, request_id=str(salt))
+            req = RouteRequest(prefixes[prefix], 48 + salt % 7 * 3000, 16, request_id=str(salt))
+            s = model.prefill_time(req.prompt_tokens, 0)
+            work_cap_s = (1 + epsilon) * (sum(x.queued_prefill_tokens for x in reps) / rate + s)
+            work_cap_s = work_cap_s / n + s
             d = policy.choose(req, reps)
             policy.on_dispatch(req, d)
             r = next(x for x in reps if x.replica_id == d.replica)
-            r.num_requests += 1
+            if name == "cost" and d.reason in ("affinity", "hot"):
+                assert r.queued_prefill_tokens / rate <= work_cap_s * (1 + 1e-9)
+                by_work = True
+            else:
+                by_work = False
+            prefill = req.prompt_tokens - d.cached_tokens
+            r.dispatch(prefill)
             total = sum(x.num_requests for x in reps)
             cap = math.ceil((1 + epsilon) * total / n)
-            assert r.num_requests <= cap
-            if arrivals_only:
+            if not by_work:
+                assert r.num_requests <= cap
+            if arrivals_only and name != "cost":
                 assert max(x.num_requests for x in reps) <= cap
-            inflight.append((req, r))
+            inflight.append((req, r, prefill))
             if salt % 3 == 0:  # the chosen replica now caches the prefix
                 index.add(r.replica_id, req.block_hashes)
         else:
             arrivals_only = False
-            req, r = inflight.pop(rng.randrange(len(inflight)))
-            r.num_requests -= 1
+            req, r, prefill = inflight.pop(rng.randrange(len(inflight)))
+            r.cancel(prefill)
             policy.on_complete(req, r.replica_id)
 
 

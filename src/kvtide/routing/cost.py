@@ -5,7 +5,25 @@ TTFT(replica) = queue wait (its queued prefill tokens at the prefill rate)
                 free, host/disk blocks are reloaded or recomputed, whichever is sooner
                 (overlapped layer by layer, as the cost model's ``onboard_time``).
 Guard rails, so that router replicas without a coordinator agree and no replica melts:
-- a hard bounded-load cap (a replica at ceil((1+eps) x average) requests is not eligible);
+- a hard bounded-load cap on work in seconds (``load="work"``, the default): with q_r the
+  seconds of prefill queued at replica r (the queue term of the estimate) and s the request's
+  own prefill with nothing cached, r is eligible only while
+
+      q_r <= (1 + eps) * (sum_r q_r + s) / n + s,
+
+  i.e. after placement no replica holds more than (1+eps) x the average work plus two of this
+  request's prefills. It is Mirrokni-Thorup-Zadimoghaddam's ceil((1+eps) x average) with work
+  for balls: their ceil is a slack of up to one ball, which for unequal balls is at most one
+  (cold) prefill of the ball being placed; the extra ``+ s`` is the minimum slack that keeps
+  the cap from binding when queues are near empty (about one request in flight per replica,
+  where ceil((1+eps) x average requests) lets few replicas qualify and affinity is lost).
+  What it still guarantees: a request routed on a wrong index entry waits at most
+  eps x average + 2 s more than on an average replica, and no prefix herds onto one replica
+  beyond that. With an exact estimate ``cost``'s own choice already stays under it (r wins
+  only if q_r + s_r < q_min + s <= cap); the cap binds where the choice is narrowed (hot-prefix
+  spreading) or the estimate is wrong. Cold prefixes keep chash's cap on request counts, which
+  needs no estimate, so router replicas agree. ``load="requests"`` keeps the older cap on
+  request counts (a replica at ceil((1+eps) x average) requests is not eligible);
 - a cold prefix (no replica holds ``min_cached_blocks``) goes where ``chash`` sends it;
 - a hot prefix, whose requests in flight exceed one replica's share of all requests in flight,
   is spread over the ceil(its load / share) replicas of highest rendezvous weight for its key;
@@ -70,8 +88,12 @@ class CostAware(BasePolicy):
         vnodes: int = 160,
         min_cached_blocks: int = 1,
         hot_replication: bool = True,
+        load: str = "work",
     ) -> None:
         super().__init__(ctx)
+        if load not in ("work", "requests"):
+            raise ConfigError(f"cost load must be 'work' or 'requests', got {load!r}")
+        self.load = load
         self.epsilon = check_epsilon(epsilon)
         if key_blocks < 1 or min_cached_blocks < 1:
             raise ConfigError("key_blocks and min_cached_blocks must be >= 1")
@@ -100,14 +122,29 @@ class CostAware(BasePolicy):
         if match.max_blocks < self.min_cached_blocks:
             return self._hashed(cands, key, "cold")
         total = sum([r.num_requests for r in cands])
-        cap = math.ceil((1.0 + self.epsilon) * (total + 1) / len(cands))  # as load_cap()
-        eligible = [r for r in cands if r.num_requests < cap]
+        if self.load == "work":
+            eligible = self.under_work_cap(cands, request.prompt_tokens)
+        else:
+            cap = math.ceil((1.0 + self.epsilon) * (total + 1) / len(cands))  # as load_cap()
+            eligible = [r for r in cands if r.num_requests < cap]
         reason = "affinity"
         if self.hot_replication and len(cands) > 1:
             spread = self._spread(cands, eligible, key, total, request, match)
             if spread is not None:
                 eligible, reason = spread, "hot"
         return self._cheapest(request, eligible, match, key, reason)
+
+    def work_cap_s(self, cands: Sequence[ReplicaState], prompt_tokens: int) -> float:
+        """The most seconds of queued prefill a replica may hold and still take a request of
+        ``prompt_tokens`` (see the module docstring)."""
+        s = self.model.prefill_time(prompt_tokens, 0)
+        queued_s = sum([r.queued_prefill_tokens for r in cands]) / self.prefill_tokens_per_s
+        return (1.0 + self.epsilon) * (queued_s + s) / len(cands) + s
+
+    def under_work_cap(self, cands: list[ReplicaState], prompt_tokens: int) -> list[ReplicaState]:
+        cap_tokens = self.work_cap_s(cands, prompt_tokens) * self.prefill_tokens_per_s
+        # never empty: the least loaded replica holds at most the average <= the cap
+        return [r for r in cands if r.queued_prefill_tokens <= cap_tokens]
 
     def _spread(
         self,

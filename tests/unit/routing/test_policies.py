@@ -244,3 +244,32 @@ def test_cost_scores_in_seconds_from_the_core_cost_model() -> None:
     d = make_policy("cost", _ctx(idx, ttft_model=model)).choose(_req(ids), _fleet())
     assert d.replica == R[3] and d.cached_tokens == 448 * 16
     assert d.ttft_s == pytest.approx(model.prefill_time(1024, 448 * 16))
+
+
+def test_cost_caps_load_in_seconds_of_work_not_in_requests() -> None:
+    idx = GlobalPrefixIndex()
+    ids = list(range(64))  # 1024 tokens
+    idx.add(R[1], prompt(ids))
+    model = LinearTtftModel(tokens_per_s=1000.0, overhead_s=0.0)
+    reps = _fleet()
+    reps[1].num_requests = 3  # three requests decoding, nothing left to prefill
+    # by requests: ceil(1.25 x 4 / 4) = 2, so r1 is not eligible and the prefix is recomputed
+    old = make_policy("cost", _ctx(idx, ttft_model=model), {"load": "requests"})
+    assert old.choose(_req(ids), reps).replica != R[1]
+    new = make_policy("cost", _ctx(idx, ttft_model=model))
+    d = new.choose(_req(ids), reps)
+    assert (d.replica, d.cached_tokens, d.reason) == (R[1], 1024, "affinity")
+
+
+def test_cost_work_cap_is_mtz_on_seconds_plus_one_cold_prefill() -> None:
+    model = LinearTtftModel(tokens_per_s=1000.0, overhead_s=0.0)
+    policy = make_policy("cost", _ctx(ttft_model=model), {"epsilon": 0.5})
+    reps = _fleet()
+    for r, queued in zip(reps, (0, 1000, 3000, 5000), strict=True):
+        r.queued_prefill_tokens = queued
+    # s = 1 s; (1 + 0.5) x (9 s + 1 s) / 4 + 1 s = 4.75 s
+    assert policy.work_cap_s(reps, 1000) == pytest.approx(4.75)  # type: ignore[attr-defined]
+    eligible = policy.under_work_cap(reps, 1000)  # type: ignore[attr-defined]
+    assert [r.replica_id for r in eligible] == R[:3]
+    with pytest.raises(ConfigError, match="load"):
+        make_policy("cost", _ctx(), {"load": "tokens"})
