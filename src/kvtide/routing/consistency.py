@@ -92,6 +92,8 @@ class IndexHealth:
         self.min_window_tokens = min_window_tokens
         self.replicas: dict[ReplicaId, ReplicaConsistency] = {}
         self._untrusted: set[ReplicaId] = set()
+        self.max_lag_s = 0.0
+        """The worst event lag seen on any replica, seconds."""
 
     def _of(self, replica: ReplicaId) -> ReplicaConsistency:
         c = self.replicas.get(replica)
@@ -127,6 +129,8 @@ class IndexHealth:
         lag_s = max(lag_s, 0.0)
         c.last_lag_s = lag_s
         c.max_lag_s = max(c.max_lag_s, lag_s)
+        if lag_s > self.max_lag_s:
+            self.max_lag_s = lag_s
         c.sum_lag_s += lag_s
         c.num_lag_samples += 1
 

@@ -28,6 +28,11 @@ Guard rails, so that router replicas without a coordinator agree and no replica 
 - a hot prefix, whose requests in flight exceed one replica's share of all requests in flight,
   is spread over the ceil(its load / share) replicas of highest rendezvous weight for its key;
 - while the index health says the index is wrong, everything goes where ``chash`` sends it.
+Optimistic updates (``provisional=True``): the index answer is merged with the router's own
+decisions, each crediting its replica with the request's full blocks while the request is in
+flight and ``provisional_hold_s`` (default: the worst event lag seen) after it, so that a
+follow-up arriving before the engine's events still finds the replica that computed its prefix
+(see ``provisional.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from kvtide.routing.chash import (
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import PrefixMatch
 from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon
+from kvtide.routing.provisional import ProvisionalEntries
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
 from kvtide.routing.ttft import TtftModel
@@ -89,6 +95,8 @@ class CostAware(BasePolicy):
         min_cached_blocks: int = 1,
         hot_replication: bool = True,
         load: str = "work",
+        provisional: bool = True,
+        provisional_hold_s: float | None = None,
     ) -> None:
         super().__init__(ctx)
         if load not in ("work", "requests"):
@@ -102,6 +110,15 @@ class CostAware(BasePolicy):
         self.hot_replication = bool(hot_replication)
         self.rings = RingCache(int(vnodes))
         self.index = ctx.require_index(self.name)
+        self.provisional: ProvisionalEntries | None = None
+        if provisional:
+            health = ctx.health
+            hold_s = (
+                (lambda: health.max_lag_s)
+                if provisional_hold_s is None
+                else (lambda: float(provisional_hold_s))
+            )
+            self.provisional = ProvisionalEntries(ctx.clock.now, hold_s)
         self.model = ctx.ttft_model
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
         self._inflight: dict[int, int] = {}  # prefix key -> requests in flight
@@ -109,9 +126,12 @@ class CostAware(BasePolicy):
         self._inflight_full: dict[int, int] = {}  # whole-prompt key -> requests in flight
 
     def prefix_match(self, request: RouteRequest) -> PrefixMatch:
-        if request.prefix_match is not None:
-            return request.prefix_match
-        return self.index.match(request.block_hashes)
+        match = request.prefix_match
+        if match is None:
+            match = self.index.match(request.block_hashes)
+        if self.provisional is not None:
+            match = self.provisional.merge(match, request.block_hashes)
+        return match
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
         cands = self.healthy(replicas)
@@ -210,9 +230,10 @@ class CostAware(BasePolicy):
                 if service_s is None:
                     service_s = memo1[d] = service_time(model, p, bt, (d, 0, 0))
                 ttft_s = r.queued_prefill_tokens * inv_rate + service_s
-                if ttft_s < best_s:
+                # equal times (a memory-bound prefill): the one holding more wins
+                if ttft_s < best_s or (ttft_s == best_s and d > best_d):
                     best_s, best, best_d = ttft_s, [r], d
-                elif ttft_s == best_s:
+                elif ttft_s == best_s and d == best_d:
                     best.append(r)
             best_blocks = (best_d, 0, 0)
         else:
@@ -226,9 +247,9 @@ class CostAware(BasePolicy):
                 if service_s is None:
                     service_s = memo[blocks] = service_time(model, p, bt, blocks)
                 ttft_s = r.queued_prefill_tokens * inv_rate + service_s
-                if ttft_s < best_s:
+                if ttft_s < best_s or (ttft_s == best_s and blocks > best_blocks):
                     best_s, best, best_blocks = ttft_s, [r], blocks
-                elif ttft_s == best_s:
+                elif ttft_s == best_s and blocks == best_blocks:
                     best.append(r)
         chosen = best[0] if len(best) == 1 else tie_break(key, best)
         cached = sum(best_blocks)
@@ -249,6 +270,8 @@ class CostAware(BasePolicy):
         return RouteDecision(r.replica_id, self.name, reason, queue_tokens=r.queued_prefill_tokens)
 
     def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
+        if self.provisional is not None and request.request_id:
+            self.provisional.record(request.request_id, decision.replica, request.block_hashes)
         key = prefix_key(request, self.key_blocks)
         self._inflight[key] = self._inflight.get(key, 0) + 1
         at = (key, decision.replica)
@@ -257,6 +280,8 @@ class CostAware(BasePolicy):
         self._inflight_full[full] = self._inflight_full.get(full, 0) + 1
 
     def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
+        if self.provisional is not None and request.request_id:
+            self.provisional.done(request.request_id)
         key = prefix_key(request, self.key_blocks)
         _decrement(self._inflight, key)
         _decrement(self._inflight_at, (key, replica))

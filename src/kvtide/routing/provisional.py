@@ -1,0 +1,121 @@
+"""Provisional index entries: a router's own recent decisions, until the engines' events land.
+
+An event-fed index lags the engines: a request routed at t reaches its replica's cache, and the
+index learns of it from that replica's ``BlockStored`` events only after the event lag (and
+never, when the batch is lost and not yet repaired). A follow-up sharing the prefix (the next
+turn of a conversation, a burst on one document) that arrives within the lag then finds the
+prefix nowhere, or only its shared system prompt, and loses the replica that computed the rest.
+
+``ProvisionalEntries`` records, per routed request, that its replica will hold the request's
+full blocks (optimistic updates, as Dynamo's KV router and llm-d's precise prefix scorer do),
+and ``merge`` adds them to an index answer (per replica, the longer prefix of the two, as
+device-tier blocks). An entry lives while its request is in flight and ``hold_s`` after it
+ends: by then the engine's events have confirmed it (the index then answers the same) or
+contradicted it (eviction, a lost batch repaired by a resync), and the index is trusted again.
+``hold_s`` defaults to the worst event lag the index health has seen.
+
+Entries are refcounted per (block, replica), so overlapping prompts (turn 2 extends turn 1)
+keep the shared blocks until the last of them expires, and what a replica holds provisionally
+is always a prefix-closed set of chained hashes: the longest held prefix is found by bisection.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from kvtide.core.hashing import BlockHashes
+from kvtide.routing.index import PrefixMatch
+from kvtide.types import BlockHash, ReplicaId
+
+
+class ProvisionalEntries:
+    """Blocks a router expects replicas to hold because it sent them there."""
+
+    __slots__ = ("_blocks", "_expiring", "_hold_s", "_live", "_now")
+
+    def __init__(self, now: Callable[[], float], hold_s: Callable[[], float]) -> None:
+        self._now = now
+        self._hold_s = hold_s
+        self._blocks: dict[int, dict[ReplicaId, int]] = {}  # block hash -> replica -> refs
+        self._live: dict[str, tuple[ReplicaId, list[BlockHash]]] = {}  # request id -> entry
+        self._expiring: deque[tuple[float, ReplicaId, list[BlockHash]]] = deque()
+
+    def __len__(self) -> int:
+        """Blocks with at least one provisional holder."""
+        return len(self._blocks)
+
+    def record(self, request_id: str, replica: ReplicaId, hashes: BlockHashes) -> None:
+        """``request_id`` was sent to ``replica``: it will hold ``hashes`` (full blocks)."""
+        self.expire()
+        if not hashes or request_id in self._live:
+            return
+        blocks = hashes.tolist()
+        table = self._blocks
+        for h in blocks:
+            refs = table.get(h)
+            if refs is None:
+                table[h] = {replica: 1}
+            else:
+                refs[replica] = refs.get(replica, 0) + 1
+        self._live[request_id] = (replica, blocks)
+
+    def done(self, request_id: str) -> None:
+        """The request ended: its entry lasts ``hold_s`` more, for the events to land."""
+        entry = self._live.pop(request_id, None)
+        if entry is not None:
+            self._expiring.append((self._now() + self._hold_s(), *entry))
+        self.expire()
+
+    def expire(self) -> None:
+        now = self._now()
+        q = self._expiring
+        table = self._blocks
+        while q and q[0][0] <= now:
+            _, replica, blocks = q.popleft()
+            for h in blocks:
+                refs = table[h]
+                left = refs[replica] - 1
+                if left:
+                    refs[replica] = left
+                elif len(refs) == 1:
+                    del table[h]
+                else:
+                    del refs[replica]
+
+    def match(self, hashes: BlockHashes) -> dict[ReplicaId, int]:
+        """Per replica, the longest prefix of ``hashes`` it holds provisionally."""
+        table = self._blocks
+        if not table or not hashes:
+            return {}
+        first = table.get(hashes[0])
+        if not first:
+            return {}
+        ints = hashes.tolist()
+        out: dict[ReplicaId, int] = {}
+        for replica in first:
+            lo, hi = 1, len(ints)  # holds ints[:lo]; find the largest such lo
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                refs = table.get(ints[mid - 1])
+                if refs is not None and replica in refs:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[replica] = lo
+        return out
+
+    def merge(self, match: PrefixMatch, hashes: BlockHashes) -> PrefixMatch:
+        """``match`` with provisional holdings added as device-tier blocks."""
+        self.expire()
+        extra = self.match(hashes)
+        if not extra:
+            return match
+        tiers: list[Mapping[ReplicaId, int]] = []
+        for held in match.within_tier:
+            merged = dict(held)
+            for replica, n in extra.items():
+                if n > merged.get(replica, 0):
+                    merged[replica] = n
+            tiers.append(merged)
+        return PrefixMatch(match.num_blocks, tuple(tiers))

@@ -1,0 +1,88 @@
+"""Provisional entries: a router's own decisions credited until the engines' events land."""
+
+from __future__ import annotations
+
+from kvtide.clock import ManualClock
+from kvtide.routing.index import GlobalPrefixIndex, PrefixMatch
+from kvtide.routing.policies import RoutingContext
+from kvtide.routing.provisional import ProvisionalEntries
+from kvtide.routing.registry import make_policy
+from kvtide.routing.replica import ReplicaState
+from kvtide.routing.request import RouteRequest
+from kvtide.types import ReplicaId
+
+from .helpers import prompt
+
+A, B = ReplicaId("a"), ReplicaId("b")
+
+
+def test_entries_last_while_in_flight_and_hold_s_after() -> None:
+    clock = ManualClock()
+    entries = ProvisionalEntries(clock.now, lambda: 1.0)
+    turn1 = prompt([1, 2, 3])
+    turn2 = prompt([1, 2, 3, 4, 5])
+    entries.record("t1", A, turn1)
+    entries.record("t2", B, turn2)
+    assert entries.match(turn2) == {A: 3, B: 5}
+    assert entries.match(prompt([1, 2, 9])) == {A: 2, B: 2}
+    assert entries.match(prompt([7])) == {}
+    clock.advance(10.0)
+    assert entries.match(turn2) == {A: 3, B: 5}  # in flight: no expiry
+    entries.done("t1")
+    clock.advance(0.5)
+    entries.expire()
+    assert entries.match(turn2) == {A: 3, B: 5}
+    clock.advance(0.5)
+    entries.expire()
+    assert entries.match(turn2) == {B: 5}
+    entries.done("t2")
+    clock.advance(1.0)
+    entries.expire()
+    assert entries.match(turn2) == {} and len(entries) == 0
+
+
+def test_overlapping_entries_keep_shared_blocks_until_the_last_expires() -> None:
+    clock = ManualClock()
+    entries = ProvisionalEntries(clock.now, lambda: 0.0)
+    entries.record("t1", A, prompt([1, 2]))
+    entries.record("t2", A, prompt([1, 2, 3, 4]))
+    entries.done("t1")
+    assert entries.match(prompt([1, 2, 3, 4])) == {A: 4}
+    entries.done("t2")
+    assert len(entries) == 0
+
+
+def test_merge_takes_the_longer_prefix_per_replica_in_every_tier() -> None:
+    clock = ManualClock()
+    entries = ProvisionalEntries(clock.now, lambda: 0.0)
+    hashes = prompt([1, 2, 3, 4])
+    entries.record("t", A, hashes)
+    indexed = PrefixMatch(4, ({B: 1}, {B: 2}, {A: 2, B: 2}))
+    merged = entries.merge(indexed, hashes)
+    assert merged.within_tier == ({B: 1, A: 4}, {B: 2, A: 4}, {A: 4, B: 2})
+
+
+def test_cost_sends_the_next_turn_to_the_previous_turns_replica_before_any_event() -> None:
+    clock = ManualClock()
+    index = GlobalPrefixIndex()  # events lag: the index learns nothing during this test
+    ctx = RoutingContext(index=index, clock=clock)
+    ctx.health.lag(ReplicaId("r0"), 0.5)  # worst lag seen: entries outlive a request by it
+    policy = make_policy("cost", ctx)
+    reps = [ReplicaState(f"r{i}") for i in range(8)]
+    # a shared system prompt already indexed everywhere, then one session's turns
+    system = list(range(16))
+    for r in reps:
+        index.add(r.replica_id, prompt(system))
+    turn1 = RouteRequest(prompt([*system, 100, 101]), 18 * 16, 16, request_id="t1")
+    d1 = policy.choose(turn1, reps)
+    policy.on_dispatch(turn1, d1)
+    policy.on_complete(turn1, d1.replica)
+    clock.advance(0.25)
+    turn2 = RouteRequest(prompt([*system, 100, 101, 102, 103]), 20 * 16, 16, request_id="t2")
+    d2 = policy.choose(turn2, reps)
+    assert (d2.replica, d2.cached_blocks) == (d1.replica, 18)
+    clock.advance(0.25)  # past the hold: the index alone answers again
+    assert policy.choose(turn2, reps).cached_blocks == 16
+    off = make_policy("cost", RoutingContext(index=index, clock=clock), {"provisional": False})
+    off.on_dispatch(turn1, d1)
+    assert off.choose(turn2, reps).cached_blocks == 16
