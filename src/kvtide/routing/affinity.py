@@ -15,6 +15,7 @@ from kvtide.routing.chash import RingCache, bounded_choice, prefix_key, tie_brea
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import PrefixMatch
 from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon, load_cap
+from kvtide.routing.provisional import provisional_entries
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
 from kvtide.routing.shadow import ShadowFleet
@@ -94,7 +95,8 @@ class PrefixAffinity(BasePolicy):
 
 
 class Precise(PrefixAffinity):
-    """``precise``: predictions from the global index fed by the engines' KV events."""
+    """``precise``: predictions from the global index fed by the engines' KV events, merged
+    with its own recent decisions until their events land (``provisional``, as ``cost``)."""
 
     name = "precise"
 
@@ -105,14 +107,28 @@ class Precise(PrefixAffinity):
         key_blocks: int = 16,
         vnodes: int = 160,
         min_cached_blocks: int = 1,
+        provisional: bool = True,
+        provisional_hold_s: float | None = None,
     ) -> None:
         super().__init__(ctx, epsilon, key_blocks, vnodes, min_cached_blocks)
         self.index = ctx.require_index(self.name)
+        self.provisional = provisional_entries(ctx, provisional_hold_s) if provisional else None
 
     def prefix_match(self, request: RouteRequest) -> PrefixMatch:
-        if request.prefix_match is not None:
-            return request.prefix_match
-        return self.index.match(request.block_hashes)
+        match = request.prefix_match
+        if match is None:
+            match = self.index.match(request.block_hashes)
+        if self.provisional is not None:
+            match = self.provisional.merge(match, request.block_hashes)
+        return match
+
+    def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
+        if self.provisional is not None and request.request_id:
+            self.provisional.record(request.request_id, decision.replica, request.block_hashes)
+
+    def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
+        if self.provisional is not None and request.request_id:
+            self.provisional.done(request.request_id)
 
 
 class Approx(PrefixAffinity):

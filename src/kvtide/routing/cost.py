@@ -52,7 +52,7 @@ from kvtide.routing.chash import (
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import PrefixMatch
 from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon
-from kvtide.routing.provisional import ProvisionalEntries
+from kvtide.routing.provisional import provisional_entries
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
 from kvtide.routing.ttft import TtftModel
@@ -110,15 +110,7 @@ class CostAware(BasePolicy):
         self.hot_replication = bool(hot_replication)
         self.rings = RingCache(int(vnodes))
         self.index = ctx.require_index(self.name)
-        self.provisional: ProvisionalEntries | None = None
-        if provisional:
-            health = ctx.health
-            hold_s = (
-                (lambda: health.max_lag_s)
-                if provisional_hold_s is None
-                else (lambda: float(provisional_hold_s))
-            )
-            self.provisional = ProvisionalEntries(ctx.clock.now, hold_s)
+        self.provisional = provisional_entries(ctx, provisional_hold_s) if provisional else None
         self.model = ctx.ttft_model
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
         self._inflight: dict[int, int] = {}  # prefix key -> requests in flight

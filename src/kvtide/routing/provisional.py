@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 from kvtide.core.hashing import BlockHashes
 from kvtide.routing.index import PrefixMatch
+from kvtide.routing.policies import RoutingContext
 from kvtide.types import BlockHash, ReplicaId
 
 
@@ -119,3 +120,13 @@ class ProvisionalEntries:
                     merged[replica] = n
             tiers.append(merged)
         return PrefixMatch(match.num_blocks, tuple(tiers))
+
+
+def provisional_entries(ctx: RoutingContext, hold_s: float | None = None) -> ProvisionalEntries:
+    """Entries on ``ctx``'s clock, held ``hold_s`` after a request ends (default: the worst
+    event lag ``ctx.health`` has seen)."""
+    if hold_s is None:
+        health = ctx.health
+        return ProvisionalEntries(ctx.clock.now, lambda: health.max_lag_s)
+    fixed = float(hold_s)
+    return ProvisionalEntries(ctx.clock.now, lambda: fixed)

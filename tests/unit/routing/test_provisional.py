@@ -86,3 +86,20 @@ def test_cost_sends_the_next_turn_to_the_previous_turns_replica_before_any_event
     off = make_policy("cost", RoutingContext(index=index, clock=clock), {"provisional": False})
     off.on_dispatch(turn1, d1)
     assert off.choose(turn2, reps).cached_blocks == 16
+
+
+def test_precise_credits_its_own_decisions_too() -> None:
+    clock = ManualClock()
+    index = GlobalPrefixIndex()
+    ctx = RoutingContext(index=index, clock=clock)
+    policy = make_policy("precise", ctx)
+    reps = [ReplicaState(f"r{i}") for i in range(8)]
+    turn1 = RouteRequest(prompt([1, 2, 3]), 48, 16, request_id="t1")
+    d1 = policy.choose(turn1, reps)
+    assert d1.reason == "cold"
+    policy.on_dispatch(turn1, d1)
+    turn2 = RouteRequest(prompt([1, 2, 3, 4]), 64, 16, request_id="t2")
+    d2 = policy.choose(turn2, reps)
+    assert (d2.replica, d2.reason, d2.cached_blocks) == (d1.replica, "affinity", 3)
+    policy.on_complete(turn1, d1.replica)  # no lag seen: the entry ends with its request
+    assert policy.choose(turn2, reps).reason == "cold"
