@@ -94,6 +94,7 @@ def summarize(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         for r in result.get("results", []):
             us = [ns / 1e3 / r["requests"] for ns in r["cpu_ns"]]
             wall_us = [ns / 1e3 / r["requests"] for ns in r["wall_ns"]]
+            hash_us = [ns / 1e3 / r["requests"] for ns in r.get("hash_ns", [])]
             rows.append(
                 {
                     "system": system,
@@ -106,6 +107,7 @@ def summarize(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     "us_per_request": statistics.median(us),
                     "us_per_request_runs": us,
                     "wall_us_per_request": statistics.median(wall_us),
+                    "hash_us_per_request": statistics.median(hash_us) if any(hash_us) else None,
                 }
             )
     return rows
@@ -134,6 +136,15 @@ def print_report(rows: list[dict[str, Any]], results: dict[str, dict[str, Any]])
                 f" {r['us_per_request']:>11.1f} {r['wall_us_per_request']:>9.1f}  {runs:<24}"
                 f" {ratio:>13}{flag}"
             )
+        if base is not None and base["hash_us_per_request"] is not None:
+            hashing = base["hash_us_per_request"]
+            ops = base["us_per_request"] - hashing
+            line = f"kvtide: {hashing:.1f} us hashing + {ops:.1f} us cache calls"
+            for peer in PEERS:
+                r = by_key.get((peer, cap))
+                if r is not None:
+                    line += f"; {peer} / kvtide without hashing {r['us_per_request'] / ops:.2f}x"
+            print(f"{'':>12}{line}")
         if base is not None:
             same = []
             for system in results:

@@ -168,7 +168,7 @@ def test_mooncake_prefix_kvtide_equals_reference(tmp_path: Path) -> None:
     offsets = np.load(tmp_path / "offsets.npy")
     for name in ("kvtide", "ref"):
         system = workers.LOADERS[name]()
-        hit, _, _ = workers.replay(system, tokens, offsets, 200_000)
+        hit, _, _, _ = workers.replay(system, tokens, offsets, 200_000)
         if name == "kvtide":
             expected = hit
     assert hit == expected > 0
