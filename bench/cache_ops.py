@@ -36,7 +36,7 @@ from kvtide.workloads.mooncake import read_mooncake
 
 HERE = Path(__file__).resolve().parent
 PEER_PYTHON = Path("/work/venvs/peerlibs/bin/python")
-SYSTEMS = ("kvtide", "kvtide-list", "kvtide-ghost", "ref", "sglang", "vllm")
+SYSTEMS = ("kvtide", "kvtide-list", "kvtide-ghost", "ref", "ref-vllm", "sglang", "vllm")
 PEERS = ("sglang", "vllm")
 
 

@@ -2,7 +2,8 @@
 
     python bench/cache_workers.py SYSTEM DATA_DIR --capacity 200000,... --runs 3 --out RESULT.json
 
-SYSTEM is ``kvtide``, ``kvtide-list``, ``kvtide-ghost``, ``ref``, ``sglang`` or ``vllm``.
+SYSTEM is ``kvtide``, ``kvtide-list``, ``kvtide-ghost``, ``ref``, ``ref-vllm``, ``sglang`` or
+``vllm``.
 DATA_DIR holds ``tokens.npy`` (int32, every prompt's token ids end to end) and ``offsets.npy``
 (int64, n + 1 offsets), written once by cache_ops.py. The peers run under the peer venv's
 python (bench/setup_peers.sh), so this module imports only the standard library and numpy at
@@ -122,13 +123,15 @@ def _kvtide_systems() -> tuple[type[System], type[System], type[System]]:
 # --- the reference ---------------------------------------------------------------------------
 
 
-def _ref_system() -> type[System]:
+def _ref_systems() -> tuple[type[System], type[System]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from page_lru import PageLRU
+    from page_lru import PageLRU, VLLMPoolLRU
 
     class Ref(System):
+        """bench/page_lru.py's PageLRU: the plain page LRU kvtide must equal."""
+
         name = "ref"
-        version = "bench/page_lru.py"
+        version = "bench/page_lru.py PageLRU"
 
         def __init__(self, capacity_tokens: int) -> None:
             super().__init__(capacity_tokens)
@@ -137,7 +140,20 @@ def _ref_system() -> type[System]:
         def step(self, tokens: Any) -> int:
             return self.lru.request(tokens)
 
-    return Ref
+    class RefVLLM(System):
+        """bench/page_lru.py's VLLMPoolLRU: vLLM's block pool quirks, to explain its hits."""
+
+        name = "ref-vllm"
+        version = "bench/page_lru.py VLLMPoolLRU"
+
+        def __init__(self, capacity_tokens: int) -> None:
+            super().__init__(capacity_tokens)
+            self.lru = VLLMPoolLRU(capacity_tokens // BLOCK_TOKENS, BLOCK_TOKENS)
+
+        def step(self, tokens: Any) -> int:
+            return self.lru.request(tokens)
+
+    return Ref, RefVLLM
 
 
 # --- SGLang ----------------------------------------------------------------------------------
@@ -314,7 +330,8 @@ LOADERS: dict[str, Callable[[], type[System]]] = {
     "kvtide": lambda: _kvtide_systems()[0],
     "kvtide-list": lambda: _kvtide_systems()[1],
     "kvtide-ghost": lambda: _kvtide_systems()[2],
-    "ref": _ref_system,
+    "ref": lambda: _ref_systems()[0],
+    "ref-vllm": lambda: _ref_systems()[1],
     "sglang": _sglang_system,
     "vllm": _vllm_system,
 }
