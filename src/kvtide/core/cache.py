@@ -298,7 +298,8 @@ class KVCache:
         the returned handle and must ``unlock`` it. ``shadow_hashes`` are the same blocks
         hashed without the tenant salt: they let a miss be blamed on another namespace.
         """
-        self.expire_pins()
+        if self._pins:
+            self.expire_pins()
         hashes = as_block_hashes(hashes)
         node, hit = self.tree.match(hashes)
         self._account(hashes, hit, prompt_tokens, tenant, shadow_hashes)

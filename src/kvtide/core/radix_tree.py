@@ -99,12 +99,13 @@ class RadixTree:
         left = max(self.pool.num_blocks - sum(self._quotas.values()), len(unlisted))
         return left / len(unlisted)
 
-    def _victim(self) -> Node | None:
+    def _victim(self, requester: str) -> Node | None:
         if self._single is not None:
             return self._single.victim()
+        # Furthest above its fair share goes first; on a tie the tenant asking for room pays.
         order = sorted(
             self._policies,
-            key=lambda t: self.usage_blocks.get(t, 0) / self.fair_share_blocks(t),
+            key=lambda t: (self.usage_blocks.get(t, 0) / self.fair_share_blocks(t), t == requester),
             reverse=True,
         )
         for tenant in order:
@@ -149,11 +150,12 @@ class RadixTree:
         self.tick += 1
         tick = self.tick
         now = self.clock.now()
+        single = self._single
         for node in path:
             node.last_access = tick
             node.last_access_s = now
             node.hits += 1
-            self.policy_for(node).on_access(node)
+            (single or self.policy_for(node)).on_access(node)
 
     def _split(self, node: Node, k: int) -> Node:
         """Splits ``node`` after its first ``k`` blocks and returns the new head node."""
@@ -215,16 +217,17 @@ class RadixTree:
         n = len(seq)
         if pos >= n:
             return node, 0
-        self.lock(node)  # the path we extend must survive the evictions below
         want = n - pos
         blocks = self.pool.try_allocate(want)
+        locked = blocks is None
         if blocks is None:
-            self.evict(want - self.pool.num_free)
+            self.lock(node)  # the path we extend must survive the evictions below
+            self.evict(want - self.pool.num_free, requester=tenant)
             blocks = self.pool.try_allocate(min(want, self.pool.num_free))
             assert blocks is not None
-        if not blocks:
-            self.unlock(node)
-            return node, 0
+            if not blocks:
+                self.unlock(node)
+                return node, 0
         key = seq.raw[pos << 3 : (pos + len(blocks)) << 3]
         leaf = Node(node, key, blocks, pos, tenant)
         leaf.last_access = self.tick
@@ -238,7 +241,8 @@ class RadixTree:
         self.version += 1
         self.policy_for(leaf).on_insert(leaf)
         self.listener.stored(leaf, BlockHashes(key))
-        self.unlock(node)
+        if locked:
+            self.unlock(node)
         return leaf, len(blocks)
 
     # --- locking -------------------------------------------------------------------------
@@ -262,11 +266,12 @@ class RadixTree:
 
     # --- eviction ------------------------------------------------------------------------
 
-    def evict(self, num_blocks: int) -> int:
-        """Frees up to ``num_blocks`` blocks from unlocked leaves; returns how many it freed."""
+    def evict(self, num_blocks: int, *, requester: str = "") -> int:
+        """Frees up to ``num_blocks`` blocks from unlocked leaves; returns how many it freed.
+        ``requester`` is the tenant that needs the room (it pays on fair-share ties)."""
         freed = 0
         while freed < num_blocks:
-            node = self._victim()
+            node = self._victim(requester)
             if node is None:
                 break
             freed += self._trim(node, min(num_blocks - freed, node.num_blocks))

@@ -1,0 +1,62 @@
+"""`kvtide calibrate`: fit the cost model's prefill coefficients to measured rows."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvtide.cli.cost import add_model_arguments
+from kvtide.core.calibration import Calibration, fit_prefill, read_prefill_csv
+from kvtide.core.cost_model import CostModel
+from kvtide.core.specs import gpu_preset, resolve_model
+from kvtide.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="fit prefill coefficients to measured rows",
+        description=(
+            "Fits prefill efficiency, attention coefficient and iteration overhead to a CSV of "
+            "measured prefills (header new_tokens,cached_tokens,seconds), prints the fit error "
+            "and writes a calibration file that `kvtide cost --calibration` loads."
+        ),
+    )
+    parser.add_argument("rows", type=Path, metavar="ROWS.csv", help="measured prefill rows")
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--out", type=Path, required=True, metavar="FILE", help="calibration file to write"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    gpu = gpu_preset(args.gpu)
+    model = resolve_model(args.model)
+    cost = CostModel(model, gpu, args.tp, args.dtype)
+    rows = read_prefill_csv(args.rows)
+    fit = fit_prefill(cost, rows)
+    c, error = fit.coefficients, fit.error
+    calibration = Calibration(
+        c,
+        model.name,
+        gpu.name,
+        args.tp,
+        {
+            "prefill_mape": error.mape,
+            "prefill_max_error": error.max_error,
+            "prefill_rows": error.num_rows,
+        },
+    )
+    try:
+        args.out.write_text(calibration.to_json(), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{args.out}: cannot write: {exc.strerror or exc}") from exc
+    print(
+        f"fitted {error.num_rows} rows: prefill efficiency {c.prefill_efficiency:.3f}, "
+        f"attention coefficient {c.attention_coefficient:.3f}, "
+        f"iteration overhead {c.iteration_overhead_s * 1e3:.3f} ms"
+    )
+    print(f"fit error: MAPE {error.mape:.2%}, max {error.max_error:.2%}")
+    print(f"wrote {args.out}")
+    return 0

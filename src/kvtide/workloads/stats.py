@@ -1,0 +1,76 @@
+"""One pass over a workload: its size, lengths and how much prefix reuse it offers."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Hashable, Iterable
+
+import numpy as np
+
+from kvtide.types import Request
+
+
+def stats(requests: Iterable[Request]) -> dict[str, object]:
+    """Summary for reports; JSON-ready.
+
+    ``infinite_cache_hit_ratio`` is the share of prompt tokens an unbounded cache would serve
+    at each request's own (native) block size: the full blocks of the longest prefix already
+    seen, over all prompt tokens. Blocks are keyed by their whole prefix (interned chains of
+    ids or token blocks), so content ids such as Bailian's are chained, never matched alone.
+    ``unique_block_fraction`` is distinct full blocks over all full blocks.
+    """
+    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    prompt_tokens: list[int] = []
+    num_output_tokens = num_hit_tokens = num_blocks = 0
+    first_s = last_s = 0.0
+    tenants: set[str] = set()
+    sessions: set[str] = set()
+    for request in requests:
+        if not prompt_tokens:
+            first_s = request.arrival_s
+        last_s = request.arrival_s
+        prompt_tokens.append(request.prompt_tokens)
+        num_output_tokens += request.output_tokens
+        tenants.add(request.tenant)
+        if request.session_id is not None:
+            sessions.add(request.session_id)
+        parent = -1
+        num_hit_blocks = 0
+        is_hit = True
+        for block in _full_blocks(request):
+            key = chain_to_key.get((parent, block))
+            if key is None:
+                key = len(chain_to_key)
+                chain_to_key[(parent, block)] = key
+                is_hit = False
+            num_hit_blocks += is_hit
+            parent = key
+            num_blocks += 1
+        num_hit_tokens += num_hit_blocks * request.block_tokens
+    num_prompt_tokens = sum(prompt_tokens)
+    return {
+        "requests": len(prompt_tokens),
+        "duration_s": last_s - first_s,
+        "prompt_tokens": num_prompt_tokens,
+        "output_tokens": num_output_tokens,
+        "mean_prompt_tokens": num_prompt_tokens / len(prompt_tokens) if prompt_tokens else 0.0,
+        "p50_prompt_tokens": statistics.median(prompt_tokens) if prompt_tokens else 0.0,
+        "tenants": len(tenants),
+        "sessions": len(sessions),
+        "unique_block_fraction": len(chain_to_key) / num_blocks if num_blocks else 0.0,
+        "infinite_cache_hit_ratio": num_hit_tokens / num_prompt_tokens
+        if num_prompt_tokens
+        else 0.0,
+    }
+
+
+def _full_blocks(request: Request) -> Iterable[Hashable]:
+    """The request's full blocks: token bytes, or block ids (the partial last block dropped)."""
+    num_full = request.prompt_tokens // request.block_tokens
+    if request.token_ids is not None:
+        data = np.asarray(request.token_ids, dtype=np.int32).tobytes()
+        size = 4 * request.block_tokens
+        return (data[i * size : (i + 1) * size] for i in range(num_full))
+    if request.block_ids is not None:
+        return request.block_ids[:num_full]
+    return ()
