@@ -15,7 +15,7 @@ from typing import Any
 
 from kvtide.core.eviction import KeyedPolicy, PolicyContext
 from kvtide.core.node import Node
-from kvtide.errors import ConfigError
+from kvtide.core.specs import model_preset
 from kvtide.types import BlockHash
 
 
@@ -65,30 +65,29 @@ class LFUDA(GreedyDual):
     name = "lfu"
 
 
-# Prefill FLOPs per token at position p of a model of hidden size d: about b·d² for the linear
-# layers and a·p·d for attention, a = 4, b = 22 (Mooncake, Qin et al., FAST'25, §2.2).
-ATTENTION_COEF = 4.0
-LINEAR_COEF = 22.0
-
-
 class CostAware(GreedyDual):
-    """GDSF with the cost of recomputing a block: ``value = (b·d + a·p) / (b·d)``.
+    """GDSF with the cost of recomputing a block: ``value = prefill FLOPs of the block given
+    its prefix``, normalised to 1 for a first block.
 
-    ``p`` is the position of the block's middle token, so a block 32k tokens deep costs about
-    2.4× a first block at d = 4096. All blocks of a cache have the same size in bytes, so the
-    division by size in GDSF is a constant factor and is left out; the value is normalised to
-    1 for a block at position 0.
+    A block of ``t`` tokens after ``p`` cached ones costs ``2·P·t`` matmul FLOPs plus attention
+    over ``t·p + t(t+1)/2`` (query, key) pairs (``ModelSpec`` of ``kvtide.core.specs``), so deep
+    blocks cost more: at ``llama-3-8b`` a 16-token block 32k tokens deep costs about 2.2× a
+    first block. All blocks of a cache have one size in bytes, so GDSF's division by size is a
+    constant factor and is left out.
     """
 
     name = "cost"
 
-    def __init__(self, ctx: PolicyContext, hidden_size: int = 4096) -> None:
-        if hidden_size <= 0:
-            raise ConfigError(f"cost hidden_size must be positive, got {hidden_size}")
+    def __init__(self, ctx: PolicyContext, model: str = "llama-3-8b") -> None:
         super().__init__(ctx)
-        self.hidden_size = hidden_size
-        self._per_block = ATTENTION_COEF * ctx.block_tokens / (LINEAR_COEF * hidden_size)
-        self._offset = ATTENTION_COEF * ctx.block_tokens / 2 / (LINEAR_COEF * hidden_size)
+        spec = model_preset(model)
+        t = ctx.block_tokens
+        linear = 2.0 * spec.matmul_params * t
+        pair = float(spec.attention_flops_per_pair)
+        first = linear + pair * t * (t + 1) / 2
+        self.model = model
+        self._base = 1.0
+        self._per_block = pair * t * t / first
 
     def block_value(self, depth: int) -> float:
-        return 1.0 + self._offset + self._per_block * depth
+        return self._base + self._per_block * depth
