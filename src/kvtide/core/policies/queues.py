@@ -8,13 +8,15 @@ from kvtide.core.node import Node
 
 
 class Link:
-    """A node's place in one queue; kept in ``node.policy_data``. ``freq`` is the policy's."""
+    """A node's place in one queue; kept in ``node.policy_data``. ``freq`` and ``stamp`` are
+    the policy's to use."""
 
-    __slots__ = ("freq", "next", "node", "prev", "queue")
+    __slots__ = ("freq", "next", "node", "prev", "queue", "stamp")
 
-    def __init__(self, node: Node | None, freq: int = 0) -> None:
+    def __init__(self, node: Node | None, freq: int = 0, stamp: int = 0) -> None:
         self.node = node
         self.freq = freq
+        self.stamp = stamp
         self.prev: Link = self
         self.next: Link = self
         self.queue: NodeQueue | None = None

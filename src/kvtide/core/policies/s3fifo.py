@@ -62,11 +62,16 @@ class S3FIFO:
         link = Link(node)
         node.policy_data = link
         first = int.from_bytes(node.key[:8], "little")
-        if first in self.ghost:
-            del self.ghost[first]
+        ghost = self.ghost
+        if first in ghost:
+            del ghost[first]
             self.main.push_back(link)
         else:
             self.small.push_back(link)
+        # Trimmed here, after the check: the blocks evicted to make room for this leaf must
+        # not push out the ghost entry that would have admitted it.
+        while len(ghost) > self.ghost_limit:
+            ghost.popitem(last=False)
 
     def on_access(self, node: Node) -> None:
         link = _link(node)
@@ -96,8 +101,6 @@ class S3FIFO:
             for h in hashes:
                 ghost[h] = None
                 ghost.move_to_end(h)
-            while len(ghost) > self.ghost_limit:
-                ghost.popitem(last=False)
         if not node.key:
             queue.remove(link)
 
