@@ -8,6 +8,7 @@ blocks without a cached child) until the missing blocks fit, insert what fits.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -117,7 +118,7 @@ class RefPolicy:
 
 
 class RefGreedyDual(RefPolicy):
-    """H = L + (hits + 1) · value(depth), L raised to each evicted H; ties: least recent, deepest."""
+    """H = L + (hits + 1) · value(depth); L rises to each evicted H; ties: least recent, deepest."""
 
     def __init__(self, value: Callable[[int], float] = lambda depth: 1.0) -> None:
         self.value = value
@@ -264,54 +265,64 @@ class RefSLRU(RefPolicy):
         (self.probation if h in self.probation else self.protected).remove(h)
 
 
-class RefTide(RefS3FIFO):
-    """S3-FIFO with two ghosts (what small and main dropped) and ARC's adaptive small target."""
+class RefTide(RefPolicy):
+    """Probation and main over blocks; the victim is the older of each segment's least recent
+    leaf block, probation ages divided by β; ghosts of evicted blocks teach β (ARC's rule)."""
 
-    def __init__(
-        self,
-        capacity: int,
-        small_ratio: float = 0.1,
-        min_small_ratio: float = 0.01,
-        max_small_ratio: float = 0.99,
-        ghost_ratio: float = 4.0,
-    ) -> None:
-        super().__init__(capacity, small_ratio, 0.0)
-        self.ghost_small: OrderedDict[int, None] = OrderedDict()
-        self.ghost_main: OrderedDict[int, None] = OrderedDict()
+    def __init__(self, capacity: int, ghost_ratio: float = 2.0, learning_rate: float = 4.0) -> None:
+        self.segment: dict[int, str] = {}
+        self.stamp: dict[int, int] = {}
+        self.clock = 0
+        self.ghost: dict[str, OrderedDict[int, None]] = {"p": OrderedDict(), "m": OrderedDict()}
         self.limit = int(ghost_ratio * capacity)
-        self.lo = max(1.0, min_small_ratio * capacity)
-        self.hi = max_small_ratio * capacity
+        self.step = learning_rate / capacity
+        self.log_beta = 0.0
+
+    def touch(self, path: list[BlockHash]) -> None:
+        for h in path:
+            self.segment[h] = "m"
+            self.stamp[h] = self.clock
 
     def inserted(self, new: list[BlockHash]) -> None:
-        for h in reversed(new):
-            self.freq[h] = 0
-            in_small = self.ghost_small.pop(h, "no") != "no"
-            in_main = self.ghost_main.pop(h, "no") != "no"
-            if in_small or in_main:
-                gs, gm = len(self.ghost_small), len(self.ghost_main)
-                target = self.small_target
-                if in_small:
-                    target += max(1.0, gm / max(gs, 1))
-                if in_main:
-                    target -= max(1.0, gs / max(gm, 1))
-                self.small_target = min(self.hi, max(self.lo, target))
-                self.main.append(h)
-                self.where[h] = "main"
-            else:
-                self.small.append(h)
-                self.where[h] = "small"
-        for ghost in (self.ghost_small, self.ghost_main):
+        stamp = self.clock
+        self.clock += len(new)
+        back = {g: ghost.pop(new[0], "gone") != "gone" for g, ghost in self.ghost.items()}
+        gp, gm = len(self.ghost["p"]), len(self.ghost["m"])
+        if back["p"]:
+            self.log_beta += self.step * max(1.0, gm / max(gp, 1))
+        if back["m"]:
+            self.log_beta -= self.step * max(1.0, gp / max(gm, 1))
+        self.log_beta = min(math.log(4.0), max(math.log(1 / 256), self.log_beta))
+        for h in new:
+            self.segment[h] = "m" if back["p"] or back["m"] else "p"
+            self.stamp[h] = stamp
+        for ghost in self.ghost.values():
             while len(ghost) > self.limit:
                 ghost.popitem(last=False)
 
+    def victim(self, candidates: list[int]) -> int:
+        blocks = self.cache.blocks
+
+        def lru_key(h: int) -> tuple[int, int]:
+            return (blocks[h].last_tick, -blocks[h].depth)
+
+        prob = [h for h in candidates if self.segment[h] == "p"]
+        main = [h for h in candidates if self.segment[h] == "m"]
+        if not prob or not main:
+            return min(prob or main, key=lru_key)
+        p, m = min(prob, key=lru_key), min(main, key=lru_key)
+        age_p = self.clock - self.stamp[p]
+        scaled_m = math.exp(self.log_beta) * (self.clock - self.stamp[m])
+        if age_p != scaled_m:
+            return p if age_p > scaled_m else m
+        return min(p, m, key=lru_key)
+
     def evicted(self, h: int) -> None:
-        where = self.where.pop(h)
-        (self.small if where == "small" else self.main).remove(h)
-        ghost = self.ghost_small if where == "small" else self.ghost_main
         if self.limit:
+            ghost = self.ghost[self.segment[h]]
             ghost.pop(h, None)
             ghost[h] = None
-        del self.freq[h]
+        del self.segment[h], self.stamp[h]
 
 
 def make_cache(policy: str, capacity: int, **options: object) -> KVCache:

@@ -33,7 +33,8 @@ def test_ties_go_to_the_least_recent_then_the_deepest() -> None:
 
 def test_aging_lets_a_once_hot_block_go() -> None:
     # Block 1 is used 3 times early; then a stream of blocks used twice each raises the
-    # inflation L until 1's priority (L0 + 3) is the lowest: LFU-DA ages it out, plain LFU would not.
+    # inflation L until 1's priority (L0 + 3) is the lowest: LFU-DA ages it out, plain LFU
+    # would not.
     cache = make_cache("lfu", 3)
     for _ in range(3):
         hit(cache, [1])
