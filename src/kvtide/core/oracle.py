@@ -58,25 +58,23 @@ class Oracle:
         np.cumsum(lengths, out=self.offsets[1:])
         flat = np.frombuffer(b"".join(raws), dtype="<u8")
         self.full_blocks = len(flat)
-        uniq, inverse = np.unique(flat, return_inverse=True)
-        self.num_distinct_blocks = len(uniq)
-        self.ids: IntArray = inverse.astype(np.int64).reshape(-1)
-        self.next_use: IntArray = self._next_uses(self.ids, lengths)
+        # One stable sort gives both the dense block ids and, since a block's occurrences stay
+        # in request order, each occurrence's next use.
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+        is_new = np.ones(len(flat), dtype=np.bool_)
+        is_new[1:] = ordered[1:] != ordered[:-1]
+        self.num_distinct_blocks = int(is_new.sum())
+        self.ids: IntArray = np.empty(len(flat), dtype=np.int64)
+        self.ids[order] = np.cumsum(is_new) - 1
+        request_of = np.repeat(np.arange(self.num_requests, dtype=np.int64), lengths)
+        self.next_use: IntArray = np.full(len(flat), self.num_requests, dtype=np.int64)
+        repeat = ~is_new[1:]  # ordered[k + 1] is the next occurrence of ordered[k]
+        self.next_use[order[:-1][repeat]] = request_of[order[1:][repeat]]
 
     @classmethod
     def from_hashes(cls, requests: Iterable[BlockHashes]) -> Oracle:
         return cls(requests)
-
-    def _next_uses(self, ids: IntArray, lengths: IntArray) -> IntArray:
-        """For each block occurrence, the index of the next request using it (or ``n``)."""
-        n = self.num_requests
-        request_of = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        order = np.argsort(ids, kind="stable")  # occurrences of one block, in request order
-        out = np.full(len(ids), n, dtype=np.int64)
-        if len(order) > 1:
-            same = ids[order[:-1]] == ids[order[1:]]
-            out[order[:-1][same]] = request_of[order[1:][same]]
-        return out
 
     @property
     def infinite_hit_blocks(self) -> int:
