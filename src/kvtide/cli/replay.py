@@ -32,8 +32,8 @@ from kvtide.core.oracle import Oracle
 from kvtide.errors import ConfigError
 from kvtide.workloads import DEFAULT_BUILTIN, open_workload
 
-DEFAULT_CAPACITY = "1000000"
-DEFAULT_POLICIES = "lru,tide"
+DEFAULT_CAPACITY = "100000,300000,1000000"
+DEFAULT_POLICIES = "lru,s3fifo,tide"
 _PROGRESS_EVERY = 1000  # requests between progress updates inside one run
 
 
