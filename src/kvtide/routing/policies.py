@@ -1,0 +1,144 @@
+"""RoutingPolicy: choose(request, replicas) -> RouteDecision, and the cache-blind policies.
+
+Every policy is synchronous and does no I/O: the simulator and the gateway call the very same
+objects. A policy reads the replicas' state and never changes it; the caller updates
+``ReplicaState`` and tells the policy through ``on_dispatch`` / ``on_complete``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvtide.clock import Clock, ManualClock
+from kvtide.errors import ConfigError, NoHealthyReplica
+from kvtide.routing.consistency import IndexHealth
+from kvtide.routing.decision import RouteDecision
+from kvtide.routing.index import IndexStore
+from kvtide.routing.replica import ReplicaState
+from kvtide.routing.request import RouteRequest
+from kvtide.routing.ttft import TtftModel, default_ttft_model
+from kvtide.types import ReplicaId
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
+        """The replica for ``request`` among the healthy ``replicas``; raises
+        ``NoHealthyReplica`` when none is healthy. Pure with respect to ``replicas``."""
+        ...
+
+    def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
+        """The caller sent ``request`` where ``decision`` said."""
+        ...
+
+    def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
+        """``request`` finished (or failed) on ``replica``."""
+        ...
+
+
+@dataclass(slots=True)
+class RoutingContext:
+    """What a policy may use besides the replicas: the engines' block size, a clock and a
+    seeded rng (nothing else reads time or randomness), the event-fed index, a TTFT model
+    and the index's health. One context may be shared by several policies."""
+
+    block_tokens: int = 16
+    clock: Clock = field(default_factory=ManualClock)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    index: IndexStore | None = None
+    ttft_model: TtftModel = field(default_factory=default_ttft_model)
+    health: IndexHealth = field(default_factory=IndexHealth)
+
+    def require_index(self, policy: str) -> IndexStore:
+        if self.index is None:
+            raise ConfigError(f"routing policy {policy!r} needs an index (RoutingContext.index)")
+        return self.index
+
+
+class BasePolicy:
+    """Shared plumbing: healthy-replica filtering and no-op hooks."""
+
+    name = "base"
+
+    def __init__(self, ctx: RoutingContext) -> None:
+        self.ctx = ctx
+
+    def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
+        pass
+
+    def on_complete(self, request: RouteRequest, replica: ReplicaId) -> None:
+        pass
+
+    @staticmethod
+    def healthy(replicas: Sequence[ReplicaState]) -> list[ReplicaState]:
+        out = [r for r in replicas if r.healthy]
+        if not out:
+            raise NoHealthyReplica(f"none of {len(replicas)} replicas is healthy")
+        return out
+
+
+def load_cap(replicas: Sequence[ReplicaState], epsilon: float) -> int:
+    """Mirrokni-Thorup-Zadimoghaddam (SODA'18) capacity: ceil((1+eps) * average load), where
+    the average counts the request being placed. A replica may take it only below this cap."""
+    total = sum([r.num_requests for r in replicas]) + 1
+    return math.ceil((1.0 + epsilon) * total / len(replicas))
+
+
+def check_epsilon(epsilon: float) -> float:
+    if not epsilon > 0:
+        raise ConfigError(f"epsilon must be > 0, got {epsilon}")
+    return float(epsilon)
+
+
+class RoundRobin(BasePolicy):
+    """Healthy replicas in turn."""
+
+    name = "round_robin"
+
+    def __init__(self, ctx: RoutingContext) -> None:
+        super().__init__(ctx)
+        self._next = 0
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
+        cands = self.healthy(replicas)
+        r = cands[self._next % len(cands)]
+        self._next += 1
+        return RouteDecision(
+            r.replica_id, self.name, "round_robin", queue_tokens=r.queued_prefill_tokens
+        )
+
+
+class LeastLoad(BasePolicy):
+    """Fewest outstanding tokens of work: queued prefill tokens + ``decode_weight`` x decode
+    context tokens; ties go to the fewest requests, then in turn."""
+
+    name = "least_load"
+
+    def __init__(self, ctx: RoutingContext, decode_weight: float = 1.0) -> None:
+        super().__init__(ctx)
+        self.decode_weight = float(decode_weight)
+        self._turn = 0
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
+        cands = self.healthy(replicas)
+        n = len(cands)
+        self._turn += 1
+        w = self.decode_weight
+        best = min(
+            range(n),
+            key=lambda i: (
+                cands[i].queued_prefill_tokens + w * cands[i].decode_tokens,
+                cands[i].num_requests,
+                (i - self._turn) % n,
+            ),
+        )
+        r = cands[best]
+        load = r.queued_prefill_tokens + w * r.decode_tokens
+        return RouteDecision(
+            r.replica_id, self.name, "load", queue_tokens=r.queued_prefill_tokens, score=load
+        )

@@ -1,0 +1,48 @@
+"""Routing policies by name: ``make_policy("cost", ctx, {"epsilon": 0.25})``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from kvtide.errors import ConfigError
+from kvtide.routing.affinity import Approx, Precise
+from kvtide.routing.chash import ConsistentHash
+from kvtide.routing.cost import CostAware
+from kvtide.routing.peers import PeerDynamo, PeerLlmd, PeerPreble, PeerSglang
+from kvtide.routing.policies import LeastLoad, RoundRobin, RoutingContext, RoutingPolicy
+
+PolicyFactory = Callable[..., RoutingPolicy]
+
+POLICIES: dict[str, PolicyFactory] = {
+    "round_robin": RoundRobin,
+    "least_load": LeastLoad,
+    "chash": ConsistentHash,
+    "approx": Approx,
+    "precise": Precise,
+    "cost": CostAware,
+    "peer_sglang": PeerSglang,
+    "peer_dynamo": PeerDynamo,
+    "peer_llmd": PeerLlmd,
+    "peer_preble": PeerPreble,
+}
+
+NEEDS_INDEX = frozenset({"precise", "cost", "peer_dynamo", "peer_llmd"})
+"""Policies that read ``RoutingContext.index`` with their default options."""
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    POLICIES[name] = factory
+
+
+def make_policy(
+    name: str, ctx: RoutingContext | None = None, options: Mapping[str, object] | None = None
+) -> RoutingPolicy:
+    """Builds a policy by name; bad names and options raise ``ConfigError``."""
+    factory = POLICIES.get(name)
+    if factory is None:
+        valid = ", ".join(sorted(POLICIES))
+        raise ConfigError(f"unknown routing policy {name!r} (valid: {valid})")
+    try:
+        return factory(ctx or RoutingContext(), **dict(options or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad options for routing policy {name!r}: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Where shared router state lives: index stores (in process, Redis) and KV-event intake."""

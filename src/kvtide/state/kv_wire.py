@@ -1,0 +1,209 @@
+"""The KV-event wire format of vLLM and SGLang: msgpack ``KVEventBatch``es, decoded and encoded.
+
+Read from the engines' own sources (vllm/distributed/kv_events.py, vLLM 0.33;
+sglang/srt/disaggregation/kv_events.py, SGLang 0.5.23):
+- a batch is a positional array ``[ts, events, data_parallel_rank?]`` (msgspec ``array_like``);
+- an event is a tagged map ``{"type": "BlockStored", "block_hashes": [...], ...}`` with fields
+  left at their default omitted; vLLM before ~0.11 tagged arrays ``["BlockStored", hashes,
+  parent, token_ids, block_size, lora_id, medium]`` instead. Both are decoded.
+- block hashes are ints (SGLang: signed int64; vLLM with int hashes: uint64) or bytes (vLLM's
+  default sha256 digests);
+- ``medium``: "GPU"; "CPU" (vLLM) / "CPU_PINNED" (SGLang); "STORAGE" / "DISK"; "EXTERNAL".
+On the socket each batch is a multipart message ``(topic, seq as 8-byte big-endian, payload)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from kvtide.errors import KvtideError
+from kvtide.types import Tier
+
+EngineHash = int | bytes
+
+
+class KvEventFormatError(KvtideError):
+    """An event message that does not decode as a KVEventBatch."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBlockStored:
+    block_hashes: tuple[EngineHash, ...]
+    parent_block_hash: EngineHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBlockRemoved:
+    block_hashes: tuple[EngineHash, ...]
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineAllBlocksCleared:
+    pass
+
+
+EngineEvent = EngineBlockStored | EngineBlockRemoved | EngineAllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEventBatch:
+    ts: float
+    events: tuple[EngineEvent, ...]
+    data_parallel_rank: int | None = None
+
+
+_MEDIUM_TIER = {
+    None: Tier.DEVICE,
+    "GPU": Tier.DEVICE,
+    "CPU": Tier.HOST,
+    "CPU_PINNED": Tier.HOST,
+    "STORAGE": Tier.DISK,
+    "DISK": Tier.DISK,
+    "EXTERNAL": Tier.DISK,
+}
+_TIER_MEDIUM = {Tier.DEVICE: "GPU", Tier.HOST: "CPU", Tier.DISK: "STORAGE"}
+
+
+def medium_tier(medium: str | None) -> Tier:
+    """The kvtide tier of an engine's storage medium (unknown media count as disk)."""
+    return _MEDIUM_TIER.get(medium, Tier.DISK)
+
+
+def tier_medium(tier: Tier) -> str:
+    return _TIER_MEDIUM[tier]
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+)
+
+
+def decode_batch(payload: bytes) -> EngineEventBatch:
+    """One msgpack payload as a batch; raises ``KvEventFormatError`` on anything else."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise KvEventFormatError(f"not msgpack: {exc}") from exc
+    if not isinstance(obj, list) or len(obj) < 2 or not isinstance(obj[1], list):
+        raise KvEventFormatError("a KVEventBatch is an array [ts, events, ...]")
+    ts, raw_events = obj[0], obj[1]
+    rank = obj[2] if len(obj) > 2 and isinstance(obj[2], int) else None
+    if not isinstance(ts, int | float):
+        raise KvEventFormatError(f"batch timestamp is {type(ts).__name__}, not a number")
+    return EngineEventBatch(float(ts), tuple(_decode_event(e) for e in raw_events), rank)
+
+
+def _decode_event(raw: Any) -> EngineEvent:
+    if isinstance(raw, Mapping):
+        tag = raw.get("type")
+        fields: Mapping[str, Any] = raw
+    elif isinstance(raw, list) and raw and isinstance(raw[0], str):
+        tag = raw[0]
+        names = _STORED_FIELDS if tag == "BlockStored" else ("block_hashes", "medium")
+        fields = dict(zip(names, raw[1:], strict=False))
+    else:
+        raise KvEventFormatError(f"an event is a tagged map or array, got {type(raw).__name__}")
+    try:
+        if tag == "BlockStored":
+            return EngineBlockStored(
+                block_hashes=tuple(_hash(h) for h in fields["block_hashes"]),
+                parent_block_hash=_opt_hash(fields.get("parent_block_hash")),
+                token_ids=tuple(int(t) for t in fields.get("token_ids") or ()),
+                block_size=int(fields["block_size"]),
+                lora_id=fields.get("lora_id"),
+                medium=fields.get("medium"),
+                lora_name=fields.get("lora_name"),
+                cache_salt=fields.get("cache_salt"),
+            )
+        if tag == "BlockRemoved":
+            return EngineBlockRemoved(
+                block_hashes=tuple(_hash(h) for h in fields["block_hashes"]),
+                medium=fields.get("medium"),
+            )
+        if tag == "AllBlocksCleared":
+            return EngineAllBlocksCleared()
+    except (KeyError, TypeError, ValueError) as exc:
+        raise KvEventFormatError(f"bad {tag} event: {exc!r}") from exc
+    raise KvEventFormatError(f"unknown event type {tag!r}")
+
+
+def _hash(h: Any) -> EngineHash:
+    if isinstance(h, bytes | int) and not isinstance(h, bool):
+        return h
+    raise TypeError(f"a block hash is an int or bytes, got {type(h).__name__}")
+
+
+def _opt_hash(h: Any) -> EngineHash | None:
+    return None if h is None else _hash(h)
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def encode_batch(batch: EngineEventBatch, *, legacy_arrays: bool = False) -> bytes:
+    """The batch as an engine would publish it (tagged maps; ``legacy_arrays``: old vLLM)."""
+    events = [_encode_event(e, legacy_arrays) for e in batch.events]
+    body: list[Any] = [batch.ts, events]
+    if batch.data_parallel_rank is not None:
+        body.append(batch.data_parallel_rank)
+    out: bytes = msgpack.packb(body, use_bin_type=True)
+    return out
+
+
+def _encode_event(e: EngineEvent, legacy: bool) -> Any:
+    if isinstance(e, EngineBlockStored):
+        if legacy:
+            return [
+                "BlockStored",
+                list(e.block_hashes),
+                e.parent_block_hash,
+                list(e.token_ids),
+                e.block_size,
+                e.lora_id,
+                e.medium,
+            ]
+        m: dict[str, Any] = {
+            "type": "BlockStored",
+            "block_hashes": list(e.block_hashes),
+            "parent_block_hash": e.parent_block_hash,
+            "token_ids": list(e.token_ids),
+            "block_size": e.block_size,
+            "lora_id": e.lora_id,
+            "medium": e.medium,
+        }
+        if e.lora_name is not None:
+            m["lora_name"] = e.lora_name
+        if e.cache_salt is not None:
+            m["cache_salt"] = e.cache_salt
+        return m
+    if isinstance(e, EngineBlockRemoved):
+        if legacy:
+            return ["BlockRemoved", list(e.block_hashes), e.medium]
+        return {"type": "BlockRemoved", "block_hashes": list(e.block_hashes), "medium": e.medium}
+    return ["AllBlocksCleared"] if legacy else {"type": "AllBlocksCleared"}
+
+
+def seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "big", signed=True)
+
+
+def seq_from_bytes(raw: bytes | Sequence[int]) -> int:
+    return int.from_bytes(bytes(raw), "big", signed=True)

