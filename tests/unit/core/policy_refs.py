@@ -84,9 +84,11 @@ class BlockCache:
         locked = set(touched)
         while self.capacity - len(self.blocks) < want:
             candidates = [h for h in self.blocks if h not in locked and self.is_leaf(h)]
-            if not candidates:
-                break
+            # Asked even when nothing can go, as the tree asks: a search may move queue state.
             victim = self.policy.victim(candidates)
+            if victim is None:
+                assert not candidates
+                break
             assert victim in candidates
             self.policy.evicted(victim)  # the block is still there to look at
             del self.blocks[victim]
@@ -110,7 +112,7 @@ class RefPolicy:
     def inserted(self, new: list[BlockHash]) -> None:
         pass
 
-    def victim(self, candidates: list[int]) -> int:
+    def victim(self, candidates: list[int]) -> int | None:
         raise NotImplementedError
 
     def evicted(self, h: int) -> None:
@@ -137,9 +139,13 @@ class RefGreedyDual(RefPolicy):
     def inserted(self, new: list[BlockHash]) -> None:
         self.touch(new)
 
-    def victim(self, candidates: list[int]) -> int:
+    def victim(self, candidates: list[int]) -> int | None:
         blocks = self.cache.blocks
-        return min(candidates, key=lambda h: (self._h(h), blocks[h].last_tick, -blocks[h].depth))
+        return min(
+            candidates,
+            key=lambda h: (self._h(h), blocks[h].last_tick, -blocks[h].depth),
+            default=None,
+        )
 
     def evicted(self, h: int) -> None:
         self.inflation = max(self.inflation, self._h(h))
@@ -188,14 +194,11 @@ class RefS3FIFO(RefPolicy):
         while len(self.ghost) > self.ghost_limit:
             self.ghost.popitem(last=False)
 
-    def victim(self, candidates: list[int]) -> int:
+    def victim(self, candidates: list[int]) -> int | None:
         ok = set(candidates)
         if len(self.small) > self.small_target or not self.main:
-            found = self._small(ok) or self._main(ok)
-        else:
-            found = self._main(ok) or self._small(ok)
-        assert found is not None
-        return found
+            return self._small(ok) or self._main(ok)
+        return self._main(ok) or self._small(ok) or self._main(ok)
 
     def _small(self, ok: set[int]) -> int | None:
         for _ in range(len(self.small)):
@@ -254,12 +257,9 @@ class RefSLRU(RefPolicy):
     def inserted(self, new: list[BlockHash]) -> None:
         self.probation.extend(reversed(new))
 
-    def victim(self, candidates: list[int]) -> int:
+    def victim(self, candidates: list[int]) -> int | None:
         ok = set(candidates)
-        for h in self.probation + self.protected:
-            if h in ok:
-                return h
-        raise AssertionError("no candidate")
+        return next((h for h in self.probation + self.protected if h in ok), None)
 
     def evicted(self, h: int) -> None:
         (self.probation if h in self.probation else self.protected).remove(h)
@@ -300,7 +300,9 @@ class RefTide(RefPolicy):
             while len(ghost) > self.limit:
                 ghost.popitem(last=False)
 
-    def victim(self, candidates: list[int]) -> int:
+    def victim(self, candidates: list[int]) -> int | None:
+        if not candidates:
+            return None
         blocks = self.cache.blocks
 
         def lru_key(h: int) -> tuple[int, int]:

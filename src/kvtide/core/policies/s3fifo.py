@@ -107,7 +107,8 @@ class S3FIFO:
     def victim(self) -> Node | None:
         if self.small.num_blocks > self.small_target_blocks or not self.main:
             return self._from_small() or self._from_main()
-        return self._from_main() or self._from_small()
+        # Small may move everything it holds to main: look at main again then.
+        return self._from_main() or self._from_small() or self._from_main()
 
     # --- the two queue heads -------------------------------------------------------------
 
