@@ -346,7 +346,7 @@ def drive_one_block_at_a_time(data: st.DataObject, cache: KVCache, ref: BlockCac
     """Requests that each add at most one block, so every tree node holds one block and the
     tree's node-level decisions must equal the reference's block-level ones exactly."""
     paths: list[list[int]] = [[]]
-    for _ in range(data.draw(st.integers(1, 60), label="requests")):
+    for _ in range(data.draw(st.integers(1, 40), label="requests")):
         base = data.draw(st.sampled_from(paths))
         hashes = chained(base)
         cached = 0

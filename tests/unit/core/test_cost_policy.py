@@ -19,6 +19,7 @@ from policy_refs import (
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.eviction import PolicyContext, make_policy
+from kvtide.core.policies import CostAware
 from kvtide.errors import ConfigError
 
 
@@ -32,7 +33,12 @@ def test_deeper_blocks_are_worth_more() -> None:
     values = [policy.block_value(d) for d in (0, 1, 100, 2048)]  # type: ignore[attr-defined]
     assert values[0] == 1.0
     assert values == sorted(values)
-    assert values[3] == pytest.approx(recompute_value("llama-3-8b", 16)(2048))
+    for bt in (1, 16, 512):
+        cost = CostAware(PolicyContext(10, bt, ManualClock()))
+        flops = recompute_value("llama-3-8b", bt)
+        assert [cost.block_value(d) for d in range(0, 4096, 97)] == pytest.approx(
+            [flops(d) for d in range(0, 4096, 97)], rel=1e-12
+        )
     assert 2.0 < values[3] < 2.5  # a block 32k tokens deep costs about 2.2x a first block
 
 
@@ -67,10 +73,12 @@ def test_cost_tree_equals_block_level_gdsf(
     reqs: list[list[int]], capacity: int, block_tokens: int
 ) -> None:
     # The key is not monotone along a path (deeper blocks are worth more), so the reference
-    # chooses among leaf blocks only, as the tree must.
+    # chooses among leaf blocks only, as the tree must. It takes the policy's block values
+    # (checked against the FLOPs above) so that near-ties round alike.
     config = CacheConfig(capacity_blocks=capacity, block_tokens=block_tokens, policy="cost")
     cache = KVCache(config)
-    ref = BlockCache(capacity, RefGreedyDual(recompute_value("llama-3-8b", block_tokens)))
+    values = CostAware(PolicyContext(capacity, block_tokens, ManualClock()))
+    ref = BlockCache(capacity, RefGreedyDual(values.block_value))
     for path in reqs:
         hashes = chained(path)
         got = cache.access(hashes, len(hashes) * block_tokens)

@@ -71,7 +71,7 @@ def test_bad_options_are_config_errors(options: dict[str, float]) -> None:
         make_cache("s3fifo", 4, **options)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.data(), st.integers(1, 20))
 def test_s3fifo_tree_equals_block_level_s3fifo_one_block_per_node(
     data: st.DataObject, capacity: int

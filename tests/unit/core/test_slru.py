@@ -43,7 +43,7 @@ def test_bad_ratio_is_a_config_error() -> None:
         make_cache("slru", 4, protected_ratio=1.0)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.data(), st.integers(1, 20))
 def test_slru_tree_equals_block_level_slru_one_block_per_node(
     data: st.DataObject, capacity: int

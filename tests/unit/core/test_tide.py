@@ -88,7 +88,7 @@ def test_tide_that_does_not_learn_is_lru(reqs: list[list[int]], capacity: int) -
         assert tide.num_cached_blocks == lru.num_cached_blocks
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.data(), st.integers(1, 20))
 def test_tide_tree_equals_block_level_tide_one_block_per_node(
     data: st.DataObject, capacity: int
