@@ -24,11 +24,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvtide import __version__
+from kvtide.cli import _tiers_args as tiers_cli
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.eviction import POLICIES
 from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
 from kvtide.core.oracle import Oracle
+from kvtide.core.tiers import TieredCache
 from kvtide.errors import ConfigError
 from kvtide.workloads import DEFAULT_BUILTIN, open_workload
 
@@ -86,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="runs in parallel processes (default: up to 2)",
     )
+    tiers_cli.add_tier_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -179,13 +182,22 @@ def replay_one(
     policy: str,
     capacity_tokens: int,
     progress: Callable[[int], None] = lambda n: None,
+    tiers: argparse.Namespace | None = None,
 ) -> dict[str, Any]:
     """Replays every request through a fresh cache; the result row of the JSON report."""
     bt = data.block_tokens
     clock = ManualClock()
-    cache = KVCache(
+    cache: KVCache | TieredCache = KVCache(
         CacheConfig(capacity_blocks=capacity_tokens // bt, block_tokens=bt, policy=policy), clock
     )
+    if tiers is not None and tiers_cli.has_tiers(tiers):
+        cache = tiers_cli.build_cache(
+            tiers,
+            capacity_blocks=capacity_tokens // bt,
+            block_tokens=bt,
+            policy=policy,
+            clock=clock,
+        )
     start = time.perf_counter()
     arrivals = data.arrival_s.tolist()
     prompts = data.prompt_tokens.tolist()
@@ -199,8 +211,8 @@ def replay_one(
             progress(_PROGRESS_EVERY)
     progress(data.num_requests % _PROGRESS_EVERY)
     wall_s = time.perf_counter() - start
-    s = cache.stats()
-    return {
+    s = cache.stats().device if isinstance(cache, TieredCache) else cache.stats()
+    row = {
         "policy": policy,
         "capacity_tokens": capacity_tokens,
         "capacity_blocks": cache.capacity_blocks,
@@ -220,19 +232,23 @@ def replay_one(
         "wall_s": wall_s,
         "us_per_request": 1e6 * wall_s / data.num_requests,
     }
+    if isinstance(cache, TieredCache):
+        row.update(tiers_cli.tier_report(cache))
+    return row
 
 
 _WORKER_DATA: Prepared | None = None
+_WORKER_TIERS: argparse.Namespace | None = None
 
 
-def _init_worker(data: Prepared) -> None:
-    global _WORKER_DATA
-    _WORKER_DATA = data
+def _init_worker(data: Prepared, tiers: argparse.Namespace | None) -> None:
+    global _WORKER_DATA, _WORKER_TIERS
+    _WORKER_DATA, _WORKER_TIERS = data, tiers
 
 
 def _replay_in_worker(policy: str, capacity_tokens: int) -> dict[str, Any]:
     assert _WORKER_DATA is not None
-    return replay_one(_WORKER_DATA, policy, capacity_tokens)
+    return replay_one(_WORKER_DATA, policy, capacity_tokens, tiers=_WORKER_TIERS)
 
 
 # --- the command -------------------------------------------------------------------------
@@ -297,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         bar.remove_task(reading)
         grid = [(p, c) for p in policies for c in capacities]
         task = bar.add_task("replaying", total=len(grid) * data.num_requests)
-        runs = _run_grid(data, grid, args.jobs, lambda n: bar.advance(task, n))
+        runs = _run_grid(data, grid, args.jobs, lambda n: bar.advance(task, n), args)
         oracle_rows: list[dict[str, Any]] = []
         infinite = None
         if args.oracle:
@@ -346,15 +362,16 @@ def _run_grid(
     grid: Sequence[tuple[str, int]],
     jobs: int,
     progress: Callable[[int], None],
+    tiers: argparse.Namespace | None = None,
 ) -> list[dict[str, Any]]:
     if jobs == 1 or len(grid) == 1:
-        return [replay_one(data, p, c, progress) for p, c in grid]
+        return [replay_one(data, p, c, progress, tiers) for p, c in grid]
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     with ProcessPoolExecutor(
         max_workers=min(jobs, len(grid)),
         mp_context=get_context("spawn"),
         initializer=_init_worker,
-        initargs=(data,),
+        initargs=(data, tiers),
     ) as pool:
         futures = {pool.submit(_replay_in_worker, p, c): (p, c) for p, c in grid}
         for future in as_completed(futures):
@@ -379,6 +396,9 @@ def _print_table(
         table.add_column(name, justify="left" if name == "policy" else "right")
     for name in ("miss cold", "miss evicted", "miss partial"):
         table.add_column(name, justify="right")
+    tiered = any("hit_ratio_by_tier" in r for r in runs)
+    for name in tiers_cli.TIER_COLUMNS if tiered else ():
+        table.add_column(name, justify="right")
     rows: list[tuple[str, dict[str, Any]]] = []
     for cap in dict.fromkeys(r["capacity_tokens"] for r in runs):
         rows += [(r["policy"], r) for r in runs if r["capacity_tokens"] == cap]
@@ -396,6 +416,7 @@ def _print_table(
             _pct(miss["cold"] / total) if miss else "-",
             _pct(miss["evicted"] / total) if miss else "-",
             _pct(miss["partial"] / total) if miss else "-",
+            *(tiers_cli.tier_cells(r) if tiered else ()),
             end_section=i + 1 < len(rows)
             and rows[i + 1][1]["capacity_tokens"] != r["capacity_tokens"],
         )
