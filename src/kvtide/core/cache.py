@@ -34,7 +34,7 @@ class CacheConfig:
 
     capacity_blocks: int
     block_tokens: int = 16
-    policy: str = "lru"
+    policy: str = "tide"
     policy_options: Mapping[str, object] = field(default_factory=dict)
     record_events: bool = False
     ghost_blocks: int | None = None

@@ -1,0 +1,150 @@
+"""`kvtide study coordinator`: a global index (centralized, with event lag and a coordinator
+outage) against local hashing and approximate state, under uniform and skewed traffic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvtide.cli.simulate import (
+    add_fleet_arguments,
+    make_console,
+    run_with_progress,
+    scenario_from_args,
+    write_text,
+)
+from kvtide.sim.study import DEFAULT_TRAFFIC, study_points, study_rows
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("study", help="trade-off studies run on the simulator")
+    studies = parser.add_subparsers(dest="study", metavar="STUDY", required=True)
+    coordinator = studies.add_parser(
+        "coordinator",
+        help="global index vs local hashing vs approximate state",
+        description=(
+            "Runs a centralized global index (precise and cost routing fed by KV events: "
+            "fresh, stale, and with the coordinator down for the middle third of the run), "
+            "bounded-load consistent hashing (no shared state) and approximate per-router "
+            "state, under uniform and skewed traffic, and reports hit ratio, TTFT p50/p99, "
+            "load imbalance, and what each design loses against a fresh global index."
+        ),
+    )
+    add_fleet_arguments(coordinator, with_workload=False)
+    coordinator.set_defaults(replicas=8, load=0.7, gpu_cache_tokens=65_536)
+    coordinator.add_argument(
+        "--uniform",
+        default=DEFAULT_TRAFFIC["uniform"],
+        metavar="SPEC",
+        help="the uniform-traffic workload (default: 8 equal tenants)",
+    )
+    coordinator.add_argument(
+        "--skewed",
+        default=DEFAULT_TRAFFIC["skewed"],
+        metavar="SPEC",
+        help="the skewed-traffic workload (default: 8 Zipf(1.5) tenants, one bursting)",
+    )
+    coordinator.add_argument(
+        "--lag", type=float, default=1.0, metavar="S", help="event lag of the stale index (1 s)"
+    )
+    coordinator.add_argument(
+        "--loss",
+        type=float,
+        default=0.01,
+        metavar="P",
+        help="event batch loss of the stale index (0.01)",
+    )
+    coordinator.add_argument("--json", type=Path, metavar="FILE", dest="json_path")
+    coordinator.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    coordinator.add_argument("--quiet", action="store_true", help="no progress bar")
+    coordinator.set_defaults(func=run_coordinator, workload="builtin:tenants")
+
+
+def run_coordinator(args: argparse.Namespace) -> int:
+    base = scenario_from_args(args)
+    traffic = {"uniform": args.uniform, "skewed": args.skewed}
+    points = study_points(base, traffic, args.lag, args.loss)
+    console = make_console()
+    console.print(
+        f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}, "
+        f"{base.gpu_cache_tokens:,} KV tokens each, load {base.load}, seed {base.seed}"
+    )
+    results = run_with_progress(
+        [p.scenario for p in points],
+        args.jobs,
+        console,
+        quiet=args.quiet,
+        labels=[f"{p.traffic} {p.design.router} {p.design.state}"[:28] for p in points],
+    )
+    rows = study_rows(points, results)
+    for label in traffic:
+        print_rows(console, label, traffic[label], [r for r in rows if r["traffic"] == label])
+    for line in findings(rows):
+        console.print(f"• {line}")
+    if args.json_path is not None:
+        doc = {"traffic": traffic, "lag_s": args.lag, "loss": args.loss, "rows": rows}
+        write_text(args.json_path, json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+def print_rows(console: Console, label: str, spec: str, rows: Sequence[dict[str, Any]]) -> None:
+    table = Table(title=f"{label} traffic ({spec}); losses against a fresh precise index")
+    for name in (
+        "design",
+        "state",
+        "hit ratio",
+        "TTFT p50",
+        "TTFT p99",
+        "imbalance",
+        "hit lost (pts)",
+        "p99 change",
+        "index precision",
+        "batches lost",
+    ):
+        table.add_column(name, justify="left" if name in ("design", "state") else "right")
+    for r in rows:
+        precision = r["index_precision"]
+        table.add_row(
+            r["design"],
+            r["state"],
+            f"{r['hit_ratio']:.1%}",
+            f"{r['ttft_p50_s']:.3f}",
+            f"{r['ttft_p99_s']:.3f}",
+            f"{r['load_imbalance']:.2f}",
+            _signed(r["hit_ratio_loss_points"], "{:+.1f}"),
+            _signed(r["ttft_p99_change"], "{:+.0%}"),
+            f"{precision:.2f}" if precision is not None and r["router"] != "chash" else "—",
+            f"{int(r['event_batches_lost'])}",
+        )
+    console.print(table)
+
+
+def _signed(value: float | None, fmt: str) -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def findings(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Plain sentences on what each design loses, computed from the rows."""
+    out = []
+    for traffic in dict.fromkeys(r["traffic"] for r in rows):
+        group = {(r["router"], r["state"]): r for r in rows if r["traffic"] == traffic}
+        fresh = group.get(("precise", "fresh"))
+        if fresh is None:
+            continue
+        for (router, state), r in group.items():
+            if (router, state) == ("precise", "fresh"):
+                continue
+            out.append(
+                f"{traffic}: {router} ({state}) holds {r['hit_ratio']:.1%} hits "
+                f"({-r['hit_ratio_loss_points']:+.1f} points against a fresh global index), "
+                f"TTFT p99 {r['ttft_p99_s']:.2f} s ({r['ttft_p99_change']:+.0%}), "
+                f"imbalance {r['load_imbalance']:.2f}"
+            )
+    return out

@@ -1,0 +1,99 @@
+"""`kvtide sweep CONFIG.yaml`: a grid of simulations (policies x cache sizes x replica counts x
+load ...), run in parallel processes or on a Ray cluster, one JSON or CSV row per point."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kvtide.cli.simulate import make_console, run_with_progress, validate_names, write_text
+from kvtide.errors import ConfigError
+from kvtide.sim.scenario import RunResult, Scenario
+from kvtide.sim.sweep import load_sweep, rows
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="run a grid of simulations from a YAML file",
+        description=(
+            "Expands CONFIG.yaml (a 'base' of fixed settings and a 'grid' of lists: any "
+            "`kvtide simulate` setting, e.g. router, gpu_cache_tokens, replicas, load) into "
+            "every combination, runs each point, and writes one row per point."
+        ),
+    )
+    parser.add_argument("config", type=Path, metavar="CONFIG.yaml")
+    parser.add_argument(
+        "--out", type=Path, metavar="FILE", help="rows as CSV (.csv) or JSON lines (.jsonl)"
+    )
+    parser.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="local processes (default) or an existing Ray cluster (the kvtide[ray] extra)",
+    )
+    parser.add_argument(
+        "--ray-address", metavar="ADDR", help="Ray cluster address (default: auto-detect)"
+    )
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    points = load_sweep(args.config)
+    scenarios = [p.scenario for p in points]
+    for scenario in scenarios:
+        validate_names([scenario.router], scenario.eviction)
+    console = make_console()
+    console.print(f"sweep: {len(points)} points from {args.config}")
+    results = execute(scenarios, args, console)
+    table_rows = rows(points, results)
+    keys = list(points[0].values) if points else []
+    table = Table()
+    for key in [*keys, "TTFT p50", "TTFT p99", "hit ratio", "imbalance"]:
+        table.add_column(key, justify="right")
+    for r in table_rows:
+        table.add_row(
+            *(str(r[k]) for k in keys),
+            f"{r['ttft_p50_s']:.3f}",
+            f"{r['ttft_p99_s']:.3f}",
+            f"{r['hit_ratio']:.1%}",
+            f"{r['load_imbalance']:.2f}",
+        )
+    console.print(table)
+    if args.out is not None:
+        write_text(args.out, format_rows(table_rows, args.out.suffix.lower()))
+    return 0
+
+
+def execute(
+    scenarios: list[Scenario], args: argparse.Namespace, console: Console
+) -> list[RunResult]:
+    if args.executor == "ray":
+        try:
+            from kvtide.sim.ray_executor import run_on_ray
+        except ImportError as exc:
+            raise ConfigError("--executor ray needs Ray: pip install 'kvtide[ray]'") from exc
+        return run_on_ray(scenarios, args.ray_address or "auto")
+    labels = [f"point {i + 1}" for i in range(len(scenarios))]
+    return run_with_progress(scenarios, args.jobs, console, quiet=args.quiet, labels=labels)
+
+
+def format_rows(table_rows: list[dict[str, object]], suffix: str) -> str:
+    if suffix == ".csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(table_rows[0]) if table_rows else [])
+        writer.writeheader()
+        writer.writerows(table_rows)
+        return out.getvalue()
+    if suffix in (".jsonl", ".json"):
+        return "".join(json.dumps(r) + "\n" for r in table_rows)
+    raise ConfigError(f"--out: unknown format {suffix!r}; use .csv or .jsonl")

@@ -1,0 +1,616 @@
+"""One engine replica: continuous batching with chunked prefill over a core KVCache.
+
+Each iteration takes the running sequences first (a decode token each, or the next chunk of a
+prefill) and then admits waiting requests in arrival order while the token budget lasts, as
+vLLM v1's scheduler does. KV lives in the real ``KVCache``: a request's full prompt blocks are
+matched (prefix hits) and inserted into the radix tree at admission and stay locked until it
+finishes; the partial last prompt block and the generated tokens take private blocks from the
+same pool. When the pool runs dry the newest running request is preempted and later recomputed.
+
+Driven by a Clock: ``schedule()`` plans an iteration (or a run of decode-only iterations that
+nothing can change), the caller lets its time pass, and ``complete()`` applies it. The
+simulator does that on a ManualClock; an emulated engine server can do it on a WallClock.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+from kvtide.clock import Clock
+from kvtide.core.cache import KVCache, Match
+from kvtide.core.events import KVEvent
+from kvtide.core.hashing import BlockHashes
+from kvtide.core.node import Node
+from kvtide.core.tiers import TieredCache
+from kvtide.engine.prefix_source import NoSource, PrefixSource
+from kvtide.engine.timing import DecodeRun, IterationTimer
+from kvtide.errors import CapacityError, ConfigError
+from kvtide.types import Request
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Batching limits of one engine.
+
+    ``max_batched_tokens`` is the per-iteration token budget (vLLM's ``max_num_batched_tokens``);
+    ``max_decode_steps`` bounds how many decode-only iterations one ``schedule()`` may fuse when
+    nothing but time can change the batch. ``prefill_only`` makes a disaggregated prefill
+    instance: a request ends with its first token.
+    """
+
+    max_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_decode_steps: int = 256
+    prefill_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batched_tokens < 1:
+            raise ConfigError("max_batched_tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs must be >= 1")
+        if self.max_decode_steps < 1:
+            raise ConfigError("max_decode_steps must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What happened to one finished request, in seconds on the engine's clock."""
+
+    request_id: str
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_tokens: int
+    output_tokens: int
+    hit_tokens: int
+    """Prompt tokens found cached at the first admission, in any tier or fetched."""
+    host_hit_tokens: int
+    """Of those, tokens found in host memory (reloaded or, if cheaper, recomputed)."""
+    disk_hit_tokens: int
+    fetched_tokens: int
+    """Of those, tokens fetched from elsewhere (another replica, a global pool)."""
+    prefill_tokens: int
+    """Tokens this request prefilled, recomputation after preemption included."""
+    num_preemptions: int
+
+
+class Sequence:
+    """A request inside the engine: its progress and the KV it holds."""
+
+    __slots__ = (
+        "arrival_s",
+        "disk_hit_tokens",
+        "fetched_tokens",
+        "first_token_s",
+        "handle",
+        "hashes",
+        "hit_tokens",
+        "host_hit_tokens",
+        "is_prefilled",
+        "kv_capacity_tokens",
+        "num_computed",
+        "num_generated",
+        "num_preemptions",
+        "num_target",
+        "num_tokens",
+        "onboard_s",
+        "output_limit",
+        "prefill_tokens",
+        "private",
+        "request",
+        "tree_blocks",
+    )
+
+    def __init__(
+        self, request: Request, hashes: BlockHashes, arrival_s: float, is_prefilled: bool
+    ) -> None:
+        self.request = request
+        self.hashes = hashes
+        self.arrival_s = arrival_s
+        self.is_prefilled = is_prefilled
+        self.first_token_s: float | None = None
+        self.handle: Node | None = None
+        self.tree_blocks = 0
+        self.private = array("i")
+        self.num_computed = 0  # tokens whose KV is in memory (hits included)
+        self.num_target = 0  # tokens to hold before the next token can be produced
+        self.num_generated = 0
+        self.num_tokens = request.prompt_tokens  # prompt + generated: a decode step's context
+        self.kv_capacity_tokens = 0  # tokens the blocks it holds can store
+        self.output_limit = max(1, request.output_tokens)
+        self.hit_tokens = -1  # -1 until first admitted
+        self.fetched_tokens = 0
+        self.host_hit_tokens = 0
+        self.disk_hit_tokens = 0
+        self.onboard_s = 0.0  # transfer time charged to the first chunk's iteration
+        self.prefill_tokens = 0
+        self.num_preemptions = 0
+
+    @property
+    def output_tokens(self) -> int:
+        return self.output_limit
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < self.num_target
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of KV a decode step of this sequence attends to (its new token included)."""
+        return self.num_tokens
+
+    def generate(self, tokens: int) -> None:
+        self.num_generated += tokens
+        self.num_tokens += tokens
+
+
+@dataclass(slots=True)
+class Batch:
+    """One planned iteration, or a run of ``run.num_steps`` decode-only iterations."""
+
+    start_s: float
+    prefill: list[tuple[Sequence, int]]
+    decode: list[Sequence]
+    run: DecodeRun
+
+    @property
+    def num_steps(self) -> int:
+        return self.run.num_steps
+
+    def end_s(self, steps: int | None = None) -> float:
+        return self.start_s + self.run.elapsed_s(self.run.num_steps if steps is None else steps)
+
+    def steps_by(self, now_s: float) -> int:
+        """Steps done once the step in flight at ``now_s`` has finished."""
+        return self.run.steps_by(now_s - self.start_s)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    busy_s: float = 0.0
+    num_iterations: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    num_preemptions: int = 0
+    num_finished: int = 0
+    hit_tokens: int = 0
+    fetched_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+class Scheduler:
+    """Continuous batching for one replica over ``cache`` (its pool is the engine's KV).
+
+    With ``tiers`` (whose device tier must be ``cache``) prompts are looked up through the
+    tiered cache's ``access``: host and disk hits are reloaded or recomputed as its cost model
+    decides, and device evictions are written down. ``source`` offers prompt blocks held
+    elsewhere (other replicas). Reloads and fetches count as hits; the part of their transfer
+    time that the request's own prefill does not hide is added to the iteration that starts it.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        cache: KVCache,
+        timer: IterationTimer,
+        clock: Clock,
+        source: PrefixSource | None = None,
+        tiers: TieredCache | None = None,
+    ) -> None:
+        if tiers is not None and tiers.device is not cache:
+            raise ConfigError("the engine's cache must be the tiered cache's device tier")
+        self.config = config
+        self.cache = cache
+        self.tiers = tiers
+        self.timer = timer
+        self.clock = clock
+        self.source: PrefixSource = source or NoSource()
+        self.block_tokens = cache.config.block_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = EngineStats()
+
+    # --- intake ---------------------------------------------------------------------------
+
+    def add(
+        self,
+        request: Request,
+        hashes: BlockHashes,
+        *,
+        arrival_s: float | None = None,
+        first_token_s: float | None = None,
+    ) -> None:
+        """Queues ``request`` whose full prompt blocks hash to ``hashes``. With
+        ``first_token_s`` the request was prefilled elsewhere (a decode instance after
+        disaggregated prefill): its prompt KV arrives computed and its first token is out."""
+        need = self._blocks_for(request.prompt_tokens + max(1, request.output_tokens))
+        if need > self.cache.capacity_blocks:
+            raise CapacityError(
+                f"request {request.request_id} needs {need} blocks; the engine has "
+                f"{self.cache.capacity_blocks}"
+            )
+        when = self.clock.now() if arrival_s is None else arrival_s
+        seq = Sequence(request, hashes, when, first_token_s is not None)
+        if first_token_s is not None:
+            seq.first_token_s = first_token_s
+            seq.generate(1)
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def take_events(self) -> list[KVEvent]:
+        """The cache's KV events since the last call (every tier's, when tiered)."""
+        if self.tiers is not None:
+            return self.tiers.take_events()
+        return self.cache.take_events()
+
+    # --- planning -------------------------------------------------------------------------
+
+    def schedule(self) -> Batch | None:
+        """Plans the next iteration from now; ``None`` when there is nothing to run."""
+        if not self.running and not self.waiting:
+            return None
+        budget = self.config.max_batched_tokens
+        prefill: list[tuple[Sequence, int]] = []
+        decode: list[Sequence] = []
+        preempted = self._reserve_decode()
+        for seq in self.running:
+            left = seq.num_target - seq.num_computed
+            if left > 0:
+                chunk = left if left < budget else budget
+                if chunk > 0:
+                    prefill.append((seq, chunk))
+                    budget -= chunk
+            else:
+                decode.append(seq)
+                budget -= 1
+        if not preempted or not self.running:
+            budget = self._admit(budget, prefill, decode)
+        if not prefill and not decode:
+            return None  # nothing fits even alone: the caller must wait for a completion
+        now = self.clock.now()
+        if prefill:
+            timer = self.timer
+            chunks = [(n, s.num_computed) for s, n in prefill]
+            context = sum(s.num_tokens for s in decode)
+            step = timer.iteration_s(chunks, len(decode), context)
+            for seq, _ in prefill:
+                if seq.onboard_s:  # the fetch shares the NIC with any other in this step
+                    step += seq.onboard_s
+                    seq.onboard_s = 0.0
+            return Batch(now, prefill, decode, DecodeRun(1, step))
+        return Batch(now, prefill, decode, self._plan_run(decode))
+
+    def _plan_run(self, decode: list[Sequence]) -> DecodeRun:
+        """Decode-only iterations: as many as nothing but time can change (until the first
+        sequence finishes), bounded by the blocks that can be reserved ahead."""
+        # Whatever kept a waiting request out this time (KV, the sequence limit) lasts until a
+        # sequence finishes, and new arrivals interrupt the run (``Batch.steps_by``).
+        steps = self.config.max_decode_steps
+        context = 0
+        for seq in decode:
+            left = seq.output_limit - seq.num_generated
+            if left < steps:
+                steps = left
+            context += seq.num_tokens
+        if steps > 1:
+            steps = self._reserve_ahead(decode, steps)
+        return self.timer.decode_run(len(decode), context, steps)
+
+    def _admit(
+        self, budget: int, prefill: list[tuple[Sequence, int]], decode: list[Sequence]
+    ) -> int:
+        max_seqs = self.config.max_num_seqs
+        while budget > 0 and self.waiting and len(self.running) < max_seqs:
+            seq = self.waiting[0]
+            if not self._allocate_prompt(seq):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            if not seq.is_prefilling:  # prefilled elsewhere: it decodes right away
+                decode.append(seq)
+                budget -= 1
+                continue
+            chunk = min(seq.num_target - seq.num_computed, budget)
+            prefill.append((seq, chunk))
+            budget -= chunk
+        return budget
+
+    # --- KV -------------------------------------------------------------------------------
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_tokens)
+
+    def _take_blocks(self, n: int) -> array[int] | None:
+        """``n`` pool blocks, evicting unlocked cached blocks if needed; ``None`` if they
+        cannot all be had (nothing is taken then)."""
+        if n <= 0:
+            return array("i")
+        pool = self.cache.pool
+        short = n - pool.num_free
+        if short > 0:
+            self.cache.evict(short)
+        return pool.try_allocate(n)
+
+    def _allocate_prompt(self, seq: Sequence) -> bool:
+        """Matches and locks the cached prefix, inserts the rest of the prompt's full blocks
+        and reserves private blocks up to the next token; ``False`` if they do not fit."""
+        cache = self.cache
+        req = seq.request
+        target = req.prompt_tokens + seq.num_generated
+        total_blocks = self._blocks_for(target)
+        if seq.is_prefilled:
+            # The prompt's KV arrived with the request: room for it and the next token.
+            blocks = self._take_blocks(self._blocks_for(target))
+            if blocks is None:
+                return False
+            seq.private = blocks
+            seq.kv_capacity_tokens = len(blocks) * self.block_tokens
+            seq.num_target = seq.num_computed = target - 1
+            seq.hit_tokens = max(seq.hit_tokens, 0)
+            return True
+        hashes = seq.hashes
+        if self.tiers is not None:
+            return self._allocate_tiered(seq, self.tiers, target, total_blocks)
+        match = cache.match(hashes)
+        hit = match.num_blocks
+        cache.lock(match.handle)
+        fetch = self.source.fetch(hashes, hit) if hit < len(hashes) else None
+        new_tree = len(hashes) - hit
+        pool = cache.pool
+        need = new_tree + total_blocks - len(hashes)
+        if pool.num_free < need:
+            cache.evict(need - pool.num_free)
+            if pool.num_free < need:
+                cache.unlock(match.handle)
+                return False
+        handle = match.handle
+        if new_tree:
+            # Evictions only trimmed unlocked leaves and the matched path is locked, so the
+            # match still holds: insert from it without walking (and touching) the path again.
+            fresh = Match(hit, handle, cache.tree, cache.tree.version)
+            access = cache.insert(hashes, match=fresh, tenant=req.tenant, priority=req.priority)
+            assert access.cached_blocks == len(hashes), "room was reserved for the prompt"
+            cache.lock(access.handle)
+            cache.unlock(handle)
+            handle = access.handle
+        private = pool.try_allocate(total_blocks - len(hashes))
+        assert private is not None, "room was reserved for the private blocks"
+        seq.handle = handle
+        seq.tree_blocks = len(hashes)
+        seq.private = private
+        seq.kv_capacity_tokens = total_blocks * self.block_tokens
+        fetched = fetch.num_blocks * self.block_tokens if fetch is not None else 0
+        cached = hit * self.block_tokens + fetched
+        if fetch is not None and fetched:
+            seq.onboard_s = fetch.seconds
+        self._start_prefill(seq, target, cached)
+        if seq.hit_tokens < 0:
+            self._count_hits(seq, cached, fetched=fetched)
+        return True
+
+    def _start_prefill(self, seq: Sequence, target: int, usable_tokens: int) -> None:
+        # At least the last token is always computed: it yields the next token's logits.
+        seq.num_computed = min(usable_tokens, target - 1)
+        seq.num_target = target
+
+    def _count_hits(
+        self, seq: Sequence, hit: int, *, fetched: int = 0, host: int = 0, disk: int = 0
+    ) -> None:
+        seq.hit_tokens = hit
+        seq.fetched_tokens = fetched
+        seq.host_hit_tokens = host
+        seq.disk_hit_tokens = disk
+        stats = self.stats
+        stats.hit_tokens += hit
+        stats.fetched_tokens += fetched
+        stats.prompt_tokens += seq.request.prompt_tokens
+
+    def _allocate_tiered(
+        self, seq: Sequence, tiers: TieredCache, target: int, total_blocks: int
+    ) -> bool:
+        """The tiered path: make room on the device first (a peek, locked, so the evictions
+        cannot take the request's own prefix), then let the tiered cache look the prompt up in
+        every tier, decide reloads, and store it; ``False`` if the room is not there."""
+        cache, hashes, bt = self.cache, seq.hashes, self.block_tokens
+        req = seq.request
+        peek = cache.match(hashes, touch=False)
+        need = len(hashes) - peek.num_blocks + total_blocks - len(hashes)
+        pool = cache.pool
+        if pool.num_free < need:
+            cache.lock(peek.handle)
+            cache.evict(need - pool.num_free)
+            cache.unlock(peek.handle)
+            if pool.num_free < need:
+                return False
+        access = tiers.access(
+            hashes, req.prompt_tokens, tenant=req.tenant, priority=req.priority, lock=True
+        )
+        assert access.cached_blocks == len(hashes), "room was reserved for the prompt"
+        private = pool.try_allocate(total_blocks - len(hashes))
+        assert private is not None, "room was reserved for the private blocks"
+        seq.handle = access.handle
+        seq.tree_blocks = len(hashes)
+        seq.private = private
+        seq.kv_capacity_tokens = total_blocks * bt
+        usable = access.usable_blocks * bt
+        if access.host_blocks or access.disk_blocks:
+            # The plan's time covers the reloads and the prefill of the rest, overlapped layer
+            # by layer; the engine computes that prefill itself: only the excess is the reload's.
+            computed = max(target - usable, 1)
+            prefill_s = tiers.cost.prefill_time(computed, min(usable, target - 1))
+            seq.onboard_s = max(0.0, access.onboard_s - prefill_s)
+        fetched = 0
+        if access.usable_blocks < len(hashes):
+            fetch = self.source.fetch(hashes, access.usable_blocks)
+            if fetch.num_blocks:
+                fetched = fetch.num_blocks * bt
+                usable += fetched
+                seq.onboard_s += fetch.seconds
+        self._start_prefill(seq, target, usable)
+        if seq.hit_tokens < 0:
+            self._count_hits(
+                seq,
+                max(access.hit_blocks * bt, usable),
+                fetched=fetched,
+                host=access.host_blocks * bt,
+                disk=access.disk_blocks * bt,
+            )
+        return True
+
+    def _grant(self, seq: Sequence, blocks: array[int]) -> None:
+        seq.private.extend(blocks)
+        seq.kv_capacity_tokens += len(blocks) * self.block_tokens
+
+    def _reserve_decode(self) -> bool:
+        """Gives every decoding sequence room for its next token, preempting the newest
+        running sequences while the pool cannot; ``True`` if anything was preempted."""
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            short = seq.num_tokens - seq.kv_capacity_tokens
+            if short <= 0 or seq.num_computed < seq.num_target:
+                i += 1
+                continue
+            missing = self._blocks_for(short)
+            blocks = self._take_blocks(missing)
+            while blocks is None:
+                victim = running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+                blocks = self._take_blocks(missing)
+            if blocks is None:
+                continue  # seq itself was preempted; running[i] is the next one now
+            self._grant(seq, blocks)
+            i += 1
+        return preempted
+
+    def _reserve_ahead(self, decode: list[Sequence], steps: int) -> int:
+        """Reserves blocks for ``steps`` decode steps of every sequence, or for as many steps
+        as the pool allows (at least the one already reserved)."""
+        bt = self.block_tokens
+        # Step k (from 1) of a sequence needs num_tokens + k - 1 tokens of room: the first
+        # ``slack + 1`` steps fit in the blocks it holds.
+        slacks = [s.kv_capacity_tokens - s.num_tokens for s in decode]
+
+        def blocks_for(k: int) -> int:
+            return sum(-(-(k - 1 - slack) // bt) for slack in slacks if slack < k - 1)
+
+        pool = self.cache.pool
+        need = blocks_for(steps)
+        if need > pool.num_free:
+            self.cache.evict(need - pool.num_free)
+        if need > pool.num_free:
+            lo, hi = 1, steps  # the largest step count whose blocks fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if blocks_for(mid) <= pool.num_free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            steps = lo
+        for seq, slack in zip(decode, slacks, strict=True):
+            if slack < steps - 1:
+                blocks = pool.try_allocate(-(-(steps - 1 - slack) // bt))
+                assert blocks is not None
+                self._grant(seq, blocks)
+        return steps
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.handle is not None:
+            self.cache.unlock(seq.handle)
+            seq.handle = None
+        if seq.private:
+            self.cache.pool.free(seq.private)
+            seq.private = array("i")
+        seq.tree_blocks = 0
+        seq.kv_capacity_tokens = 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-mode preemption: drop the KV, queue the request first in line again."""
+        self.running.remove(seq)
+        self._release(seq)
+        seq.is_prefilled = False  # its KV is gone: recompute it here
+        seq.num_computed = 0
+        seq.num_target = 0
+        seq.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # --- completion -----------------------------------------------------------------------
+
+    def complete(self, batch: Batch, steps: int | None = None) -> list[RequestRecord]:
+        """Applies the first ``steps`` steps of ``batch`` (all by default) and returns the
+        requests that finished."""
+        run_steps = batch.num_steps if steps is None else steps
+        end_s = batch.end_s(run_steps)
+        stats = self.stats
+        stats.busy_s += batch.run.elapsed_s(run_steps)
+        stats.num_iterations += run_steps
+        finished: list[Sequence] = []
+        for seq, chunk in batch.prefill:
+            seq.num_computed += chunk
+            seq.prefill_tokens += chunk
+            stats.prefill_tokens += chunk
+            if seq.num_computed >= seq.num_target:
+                seq.generate(1)
+                if seq.first_token_s is None:
+                    seq.first_token_s = end_s
+                if self.config.prefill_only or seq.num_generated >= seq.output_tokens:
+                    finished.append(seq)
+        for seq in batch.decode:
+            seq.num_generated += run_steps
+            seq.num_tokens += run_steps
+            if seq.num_generated >= seq.output_limit:
+                finished.append(seq)
+        stats.decode_tokens += run_steps * len(batch.decode)
+        records = [self._finish(seq, end_s) for seq in finished]
+        stats.num_finished += len(records)
+        return records
+
+    def _finish(self, seq: Sequence, end_s: float) -> RequestRecord:
+        self.running.remove(seq)
+        self._release(seq)
+        req = seq.request
+        first = seq.first_token_s if seq.first_token_s is not None else end_s
+        return RequestRecord(
+            request_id=req.request_id,
+            arrival_s=seq.arrival_s,
+            first_token_s=first,
+            finish_s=end_s,
+            prompt_tokens=req.prompt_tokens,
+            output_tokens=seq.output_tokens,
+            hit_tokens=max(seq.hit_tokens, 0),
+            host_hit_tokens=seq.host_hit_tokens,
+            disk_hit_tokens=seq.disk_hit_tokens,
+            fetched_tokens=seq.fetched_tokens,
+            prefill_tokens=seq.prefill_tokens,
+            num_preemptions=seq.num_preemptions,
+        )
+
+    # --- failure --------------------------------------------------------------------------
+
+    def drain(self) -> list[Sequence]:
+        """Drops every request (a crash): releases their KV and returns them, oldest first."""
+        seqs = sorted(self.running, key=lambda s: s.arrival_s) + list(self.waiting)
+        for seq in self.running:
+            self._release(seq)
+        self.running.clear()
+        self.waiting.clear()
+        return seqs

@@ -1,0 +1,47 @@
+"""Hit ratio against cache capacity: the chosen eviction policy on one shared cache (routing
+that loses nothing) beside the infinite cache, the ceiling no policy or router can pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtide.clock import ManualClock
+from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.core.hashing import BlockHashes
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityCurve:
+    capacity_tokens: list[int]
+    policy_hit_ratio: list[float]
+    infinite_hit_ratio: float
+
+
+def capacity_curve(
+    prompts: Sequence[tuple[BlockHashes, int]],
+    block_tokens: int,
+    eviction: str,
+    capacity_tokens: Sequence[int],
+) -> CapacityCurve:
+    """Replays ``prompts`` (hashes, prompt tokens) in order through one cache per capacity."""
+    ratios = []
+    total = sum(tokens for _, tokens in prompts)
+    for capacity in capacity_tokens:
+        cache = KVCache(
+            CacheConfig(max(1, capacity // block_tokens), block_tokens, eviction, ghost_blocks=0),
+            ManualClock(),
+        )
+        for hashes, tokens in prompts:
+            cache.access(hashes, tokens)
+        ratios.append(cache.stats().hit_ratio)
+    seen: set[int] = set()
+    hits = 0
+    for hashes, _ in prompts:
+        ints = hashes.tolist()
+        n = 0
+        while n < len(ints) and ints[n] in seen:
+            n += 1
+        hits += n * block_tokens
+        seen.update(ints[n:])
+    return CapacityCurve(list(capacity_tokens), ratios, hits / total if total else 0.0)

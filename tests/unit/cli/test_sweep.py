@@ -1,0 +1,60 @@
+"""`kvtide sweep` in-process: CSV and JSON lines, one row per point; Ray when installed."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtide.cli import main
+from kvtide.sim.sweep import METRICS, expand
+
+GRID = """
+base:
+  workload: builtin:chat:sessions=8
+  requests: 20
+  replicas: 2
+grid:
+  router: [round_robin, least_load]
+  gpu_cache_tokens: [8k, 32k]
+"""
+
+
+def test_sweep_writes_one_csv_row_per_point(tmp_path: Path) -> None:
+    config = tmp_path / "grid.yaml"
+    config.write_text(GRID)
+    out = tmp_path / "rows.csv"
+    assert main(["sweep", str(config), "--out", str(out), "--quiet", "--jobs", "1"]) == 0
+    rows = list(csv.DictReader(out.read_text().splitlines()))
+    assert len(rows) == 4
+    assert list(rows[0]) == ["router", "gpu_cache_tokens", *METRICS]
+    assert {r["gpu_cache_tokens"] for r in rows} == {"8192", "32768"}
+
+
+def test_sweep_writes_json_lines(tmp_path: Path) -> None:
+    config = tmp_path / "grid.yaml"
+    config.write_text(GRID)
+    out = tmp_path / "rows.jsonl"
+    assert main(["sweep", str(config), "--out", str(out), "--quiet", "--jobs", "2"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["router"] for r in rows] == ["round_robin", "round_robin", "least_load", "least_load"]
+    assert all(r["requests"] == 20 for r in rows)
+
+
+def test_a_bad_sweep_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "grid.yaml"
+    config.write_text("grid:\n  router: [teleport]\n")
+    assert main(["sweep", str(config), "--quiet"]) == 2
+    assert "unknown router" in capsys.readouterr().err
+
+
+def test_the_ray_executor_runs_the_same_points() -> None:
+    pytest.importorskip("ray")
+    from kvtide.sim.ray_executor import run_on_ray
+    from kvtide.sim.scenario import run
+
+    (point,) = expand({"workload": "builtin:chat:sessions=4", "requests": 10}, {"replicas": [1]})
+    (remote,) = run_on_ray([point.scenario], None)
+    assert remote.summary == run(point.scenario).summary

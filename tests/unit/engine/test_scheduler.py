@@ -1,0 +1,212 @@
+"""Engine stories on a ManualClock with round numbers: 1 ms per prefill token, 10 ms per
+decode step, blocks of 4 tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtide.clock import ManualClock
+from kvtide.core.events import BlockStored
+from kvtide.core.hashing import BlockHashes
+from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
+from kvtide.engine.prefix_source import Fetch
+from kvtide.engine.scheduler import EngineConfig, Scheduler
+from kvtide.engine.timing import IterationTimer
+from kvtide.errors import CapacityError, ConfigError
+from kvtide.types import Tier
+
+from .conftest import BLOCK, FlatCost, drive, make_engine, request
+
+
+def test_a_tiny_request_has_exact_timestamps_under_chunked_prefill(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock, max_batched_tokens=8)
+    req, hashes = request("a", list(range(1, 11)), output=3)
+    engine.add(req, hashes)
+
+    first = engine.schedule()
+    assert first is not None
+    assert [(s.request.request_id, n) for s, n in first.prefill] == [("a", 8)]
+    engine_clock.set(first.end_s())
+    assert engine.complete(first) == []
+    assert engine_clock.now() == pytest.approx(0.008)
+
+    second = engine.schedule()
+    assert second is not None
+    assert [n for _, n in second.prefill] == [2]
+    engine_clock.set(second.end_s())
+    assert engine.complete(second) == []
+
+    run = engine.schedule()
+    assert run is not None
+    assert run.prefill == [] and run.num_steps == 2  # both remaining tokens in one event
+    engine_clock.set(run.end_s())
+    (record,) = engine.complete(run)
+    assert record.first_token_s == pytest.approx(0.010)
+    assert record.finish_s == pytest.approx(0.030)
+    assert (record.prefill_tokens, record.hit_tokens, record.num_preemptions) == (10, 0, 0)
+    assert not engine.has_work
+    assert engine.cache.pool.num_free == 64 - 2  # the two full prompt blocks stay cached
+
+
+def test_a_prefix_hit_shortens_prefill(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock)
+    a, ha = request("a", list(range(1, 11)), output=1)
+    engine.add(a, ha)
+    drive(engine, engine_clock)
+    start = engine_clock.now()
+    b, hb = request("b", [*range(1, 9), 50, 51, 52, 53], output=1, arrival_s=start)
+    engine.add(b, hb)
+    (record,) = drive(engine, engine_clock)
+    assert record.hit_tokens == 8
+    assert record.prefill_tokens == 4
+    assert record.first_token_s - start == pytest.approx(0.004)
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock)
+    a, ha = request("a", list(range(1, 9)), output=1)
+    engine.add(a, ha)
+    drive(engine, engine_clock)
+    b, hb = request("b", list(range(1, 9)), output=1, arrival_s=engine_clock.now())
+    engine.add(b, hb)
+    (record,) = drive(engine, engine_clock)
+    assert (record.hit_tokens, record.prefill_tokens) == (8, 1)
+
+
+def test_kv_exhaustion_preempts_the_newest_request_and_recomputes_it(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock, capacity_blocks=6)
+    a, ha = request("a", list(range(1, 9)), output=10)
+    b, hb = request("b", list(range(101, 109)), output=10)
+    engine.add(a, ha)
+    engine.add(b, hb)
+    records = {r.request_id: r for r in drive(engine, engine_clock)}
+    ra, rb = records["a"], records["b"]
+    # Both prefill together (16 ms), decode 4 steps until the 6 blocks are full, then b is
+    # preempted: a finishes its last 5 steps alone.
+    assert ra.first_token_s == rb.first_token_s == pytest.approx(0.016)
+    assert ra.finish_s == pytest.approx(0.016 + 0.040 + 0.050)
+    assert (ra.num_preemptions, rb.num_preemptions) == (0, 1)
+    # b comes back with 5 tokens generated: one block of its prompt survived eviction, the
+    # other 4 prompt tokens and the 5 generated ones are recomputed (9 ms), then 4 steps.
+    assert rb.prefill_tokens == 8 + 9
+    assert rb.finish_s == pytest.approx(ra.finish_s + 0.009 + 0.040)
+    assert rb.first_token_s == pytest.approx(0.016)  # the first token was already out
+    engine.cache.pool.check()
+    assert engine.stats.num_preemptions == 1
+
+
+def test_a_prefill_only_engine_ends_requests_at_their_first_token(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock, prefill_only=True)
+    req, hashes = request("a", list(range(1, 11)), output=50)
+    engine.add(req, hashes)
+    (record,) = drive(engine, engine_clock)
+    assert record.first_token_s == record.finish_s == pytest.approx(0.010)
+
+
+def test_a_prefilled_request_only_decodes(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock)
+    req, hashes = request("a", list(range(1, 11)), output=4)
+    engine.add(req, hashes, arrival_s=0.0, first_token_s=0.0)
+    (record,) = drive(engine, engine_clock)
+    assert record.prefill_tokens == 0
+    assert record.finish_s == pytest.approx(0.030)  # tokens 2, 3 and 4
+
+
+def test_a_mixed_iteration_is_one_pass_over_all_its_tokens(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock)
+    a, ha = request("a", list(range(1, 5)), output=5)
+    engine.add(a, ha)
+    first = engine.schedule()
+    assert first is not None
+    engine_clock.set(first.end_s())
+    engine.complete(first)
+    b, hb = request("b", list(range(101, 121)), output=1, arrival_s=engine_clock.now())
+    engine.add(b, hb)
+    mixed = engine.schedule()
+    assert mixed is not None
+    assert len(mixed.decode) == 1 and [n for _, n in mixed.prefill] == [20]
+    # 20 prefill tokens + 1 decode token of compute; FlatCost reads no memory
+    assert mixed.end_s() - mixed.start_s == pytest.approx(0.021)
+
+
+def test_admission_publishes_the_prompt_blocks(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock)
+    req, hashes = request("a", list(range(1, 11)), output=1)
+    engine.add(req, hashes)
+    engine.schedule()
+    events = engine.take_events()
+    assert [type(e) for e in events] == [BlockStored]
+    assert list(events[0].block_hashes) == hashes.tolist()
+
+
+def test_a_request_larger_than_the_cache_is_refused(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock, capacity_blocks=2)
+    req, hashes = request("a", list(range(1, 11)), output=1)
+    with pytest.raises(CapacityError):
+        engine.add(req, hashes)
+
+
+def test_the_sequence_limit_holds_requests_back(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock, max_num_seqs=1)
+    for i in range(3):
+        req, hashes = request(f"r{i}", [i * 10 + t for t in range(1, 5)], output=2)
+        engine.add(req, hashes)
+    records = drive(engine, engine_clock)
+    assert [r.request_id for r in records] == ["r0", "r1", "r2"]
+    assert [r.finish_s for r in records] == pytest.approx([0.014, 0.028, 0.042])
+
+
+def test_engine_config_rejects_nonsense() -> None:
+    with pytest.raises(ConfigError):
+        EngineConfig(max_batched_tokens=0)
+
+
+class TwoBlocksElsewhere:
+    def fetch(self, hashes: BlockHashes, local_blocks: int) -> Fetch:
+        return Fetch(2 - local_blocks, 0.003) if local_blocks < 2 else Fetch()
+
+
+def test_blocks_fetched_from_elsewhere_count_as_hits_and_cost_their_transfer(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock)
+    engine.source = TwoBlocksElsewhere()
+    req, hashes = request("a", list(range(1, 11)), output=1)
+    engine.add(req, hashes)
+    (record,) = drive(engine, engine_clock)
+    assert (record.hit_tokens, record.fetched_tokens, record.prefill_tokens) == (8, 8, 2)
+    assert record.first_token_s == pytest.approx(0.002 + 0.003)
+    assert engine.stats.fetched_tokens == 8
+
+
+def test_a_host_tier_catches_device_evictions_and_serves_them_back(
+    engine_clock: ManualClock,
+) -> None:
+    tiers = TieredCache(
+        TieredCacheConfig(
+            device=TierSpec(4), host=TierSpec(16), block_tokens=BLOCK, record_events=True
+        ),
+        engine_clock,
+    )
+    engine = Scheduler(
+        EngineConfig(), tiers.device, IterationTimer(FlatCost(), 0.0), engine_clock, tiers=tiers
+    )
+    records = {}
+    for rid, first in (("a", 1), ("b", 101), ("c", 1)):
+        req, hashes = request(rid, list(range(first, first + 12)), output=1)
+        engine.add(req, hashes, arrival_s=engine_clock.now())
+        (record,) = drive(engine, engine_clock)
+        records[rid] = record
+    # b's prompt pushed two of a's three blocks down to the host; c finds a's first block on
+    # the device and the other two in host memory, reloads them, and computes its last token.
+    c = records["c"]
+    assert (c.hit_tokens, c.host_hit_tokens, c.prefill_tokens) == (12, 8, 1)
+    assert records["b"].hit_tokens == 0
+    host_events = [e for e in engine.take_events() if getattr(e, "tier", None) is Tier.HOST]
+    assert host_events, "host-tier blocks are published too"
