@@ -40,7 +40,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kvtide", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="kvtide",
+        description="KV-cache reuse and eviction across an LLM serving fleet: replay traces "
+        "through the cache, simulate fleets and routers, price reload against recompute.",
+    )
     parser.add_argument("--version", action="version", version=f"kvtide {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in _available().values():

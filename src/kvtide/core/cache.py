@@ -34,7 +34,7 @@ class CacheConfig:
 
     capacity_blocks: int
     block_tokens: int = 16
-    policy: str = "lru"
+    policy: str = "tide"
     policy_options: Mapping[str, object] = field(default_factory=dict)
     record_events: bool = False
     ghost_blocks: int | None = None
@@ -141,11 +141,23 @@ class CacheStats:
 class _Recorder:
     """Tree listener: events for subscribers, ghost hashes for miss classification."""
 
-    __slots__ = ("block_tokens", "events", "ghost", "ghost_limit", "namespace", "observers", "tier")
+    __slots__ = (
+        "block_tokens",
+        "events",
+        "ghost",
+        "ghost_limit",
+        "ghost_old",
+        "namespace",
+        "observers",
+        "tier",
+    )
 
     def __init__(self, config: CacheConfig) -> None:
         self.events: list[KVEvent] | None = [] if config.record_events else None
-        self.ghost: OrderedDict[BlockHash, None] = OrderedDict()
+        # Two generations of evicted hashes, each up to half the limit: set.update and set
+        # intersection run in C, where an ordered dict would cost a Python step per block.
+        self.ghost: set[BlockHash] = set()
+        self.ghost_old: set[BlockHash] = set()
         self.ghost_limit = config.effective_ghost_blocks
         self.block_tokens = config.block_tokens
         self.namespace = config.namespace
@@ -177,12 +189,16 @@ class _Recorder:
         if self.events is not None:
             self.events.append(BlockRemoved(tuple(hashes.tolist()), self.tier))
         if self.ghost_limit:
-            ghost = self.ghost
-            for h in hashes.tolist():
-                ghost[h] = None
-                ghost.move_to_end(h)
-            while len(ghost) > self.ghost_limit:
-                ghost.popitem(last=False)
+            self.ghost.update(hashes.tolist())
+            if 2 * len(self.ghost) >= self.ghost_limit:
+                self.ghost_old = self.ghost
+                self.ghost = set()
+
+    def evicted_among(self, hashes: list[BlockHash]) -> set[BlockHash]:
+        """The hashes in ``hashes`` that were evicted recently (within the ghost's memory)."""
+        found = self.ghost.intersection(hashes)
+        found.update(self.ghost_old.intersection(hashes))
+        return found
 
 
 @dataclass(order=True, slots=True)
@@ -333,17 +349,22 @@ class KVCache:
         self._miss_partial += max(prompt_tokens - n * bt, 0)
         if hit == n:
             return
-        ghost = self._recorder.ghost
-        if not ghost and shadow_hashes is None:
+        recorder = self._recorder
+        if not recorder.ghost_limit and shadow_hashes is None:
             self._miss_cold += (n - hit) * bt
             return
-        owners = self._shadow_owner
         missed = as_block_hashes(hashes)[hit:].tolist()
-        shadow = list(shadow_hashes[hit:]) if shadow_hashes is not None else None
+        evicted = recorder.evicted_among(missed) if recorder.ghost_limit else set()
+        self._miss_evicted += len(evicted) * bt
+        if shadow_hashes is None:
+            self._miss_cold += (len(missed) - len(evicted)) * bt
+            return
+        owners = self._shadow_owner
+        shadow = list(shadow_hashes[hit:])
         for i, h in enumerate(missed):
-            if h in ghost:
-                self._miss_evicted += bt
-            elif shadow is not None and owners.get(shadow[i], tenant) != tenant:
+            if h in evicted:
+                continue
+            if owners.get(shadow[i], tenant) != tenant:
                 self._miss_other += bt
             else:
                 self._miss_cold += bt

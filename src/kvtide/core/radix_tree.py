@@ -116,14 +116,17 @@ class RadixTree:
 
     # --- matching ------------------------------------------------------------------------
 
-    def match(self, hashes: Sequence[int], *, touch: bool = True) -> tuple[Node, int]:
+    def match(
+        self, hashes: Sequence[int], *, touch: bool = True, root: Node | None = None
+    ) -> tuple[Node, int]:
         """The deepest node fully matched by a prefix of ``hashes`` and the matched block count.
 
         With ``touch`` the path counts as used (and a partly matched node is split so that
         each node keeps one access history); without it the tree is left exactly as it was.
+        ``root`` starts the walk below an already matched node (``hashes`` then continue it).
         """
         raw = as_block_hashes(hashes).raw
-        node = self.root
+        node = self.root if root is None else root
         p = 0
         n = len(raw)
         path: list[Node] = []
@@ -213,8 +216,15 @@ class RadixTree:
         the prefix that fits is inserted. ``start`` is a fresh ``match`` result to skip the walk.
         """
         seq = as_block_hashes(hashes)
-        node, pos = start if start is not None else self.match(seq)
         n = len(seq)
+        if start is None:
+            node, pos = self.match(seq)
+        else:
+            node, pos = start
+            if pos < n and seq.raw[pos << 3 : (pos << 3) + 8] in node.children:
+                # ``start`` matched a shorter list: walk on rather than store a block twice.
+                node, more = self.match(seq[pos:], root=node)
+                pos += more
         if pos >= n:
             return node, 0
         want = n - pos

@@ -138,7 +138,7 @@ class DiskStore:
         if code is None:
             raise ConfigError(f"cannot store dtype {kv.dtype} on disk")
         payload = kv.detach().to("cpu").contiguous().view(torch.uint8).numpy()
-        checksum = xxhash.xxh3_64_intdigest(memoryview(payload))
+        checksum = xxhash.xxh3_64_intdigest(payload.data)
         header = _HEADER.pack(_MAGIC, _VERSION, code, kv.dim(), checksum, payload.nbytes)
         shape = struct.pack(f"<{kv.dim()}q", *kv.shape)
         path = self.path(block_hash)
@@ -146,7 +146,7 @@ class DiskStore:
         with open(tmp, "wb") as f:
             f.write(header)
             f.write(shape)
-            f.write(memoryview(payload))
+            f.write(payload.data)
         os.replace(tmp, path)  # a reader never sees a half-written block
         self.num_bytes_written += payload.nbytes
         self._blocks[block_hash] = None
@@ -171,11 +171,11 @@ class DiskStore:
                 shape = struct.unpack(f"<{rank}q", f.read(8 * rank))
                 out = torch.empty(shape, dtype=dtype)
                 raw = out.view(torch.uint8).reshape(-1).numpy()
-                if out.numel() * out.element_size() != size or f.readinto(raw) != size:
+                if out.numel() * out.element_size() != size or f.readinto(raw.data) != size:
                     raise CorruptBlockError(f"{path}: payload size does not match its header")
         except OSError as exc:
             raise CorruptBlockError(f"{path}: {exc}") from exc
-        if xxhash.xxh3_64_intdigest(memoryview(raw)) != checksum:
+        if xxhash.xxh3_64_intdigest(raw.data) != checksum:
             raise CorruptBlockError(f"{path}: checksum mismatch")
         self.num_bytes_read += size
         self._blocks.move_to_end(block_hash)

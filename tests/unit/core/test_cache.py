@@ -203,3 +203,25 @@ def test_bad_pin_ttl_is_a_config_error() -> None:
     a = cache.access(H(1), 1)
     with pytest.raises(ConfigError):
         cache.pin(a.handle, 0.0)
+
+
+def test_insert_after_a_shorter_match_walks_on_instead_of_storing_twice() -> None:
+    cache = make(8)
+    cache.insert(H(1, 2, 3))
+    m = cache.match(H(1, 2))
+    got = cache.insert(H(1, 2, 3, 4), match=m)
+    assert got.new_blocks == 1
+    assert cache.num_cached_blocks == 4
+    assert cache.evict(100) == 4
+    cache.pool.check()
+
+
+def test_the_ghost_forgets_in_generations() -> None:
+    cache = make(2, ghost_blocks=4)
+    cache.access(H(1, 2), 2)
+    for i in range(10, 40, 2):
+        cache.access(H(i, i + 1), 2)  # evicts everything before it
+    cache.access(H(1, 2), 2)
+    assert cache.stats().miss_tokens_evicted == 0  # long forgotten: cold
+    cache.access(H(38, 39), 2)  # evicted by the access just above: remembered
+    assert cache.stats().miss_tokens_evicted == 2

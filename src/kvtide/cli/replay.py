@@ -1,0 +1,426 @@
+"""`kvtide replay`: a trace or a built-in workload through one cache per (policy, capacity).
+
+Prints token and block hit ratios, evictions, misses by class and, with ``--oracle``, the share
+of Belady's optimum each run reaches; ``--json FILE`` writes the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvtide import __version__
+from kvtide.cli import _tiers_args as tiers_cli
+from kvtide.clock import ManualClock
+from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.core.eviction import POLICIES
+from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
+from kvtide.core.oracle import Oracle
+from kvtide.core.tiers import TieredCache
+from kvtide.errors import ConfigError
+from kvtide.workloads import DEFAULT_BUILTIN, open_workload
+
+DEFAULT_CAPACITY = "100000,300000,1000000"
+DEFAULT_POLICIES = "lru,s3fifo,tide"
+_PROGRESS_EVERY = 1000  # requests between progress updates inside one run
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="replay a trace or built-in workload through the cache: hit ratios per policy",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument(
+        "workload",
+        nargs="?",
+        default=f"builtin:{DEFAULT_BUILTIN}",
+        metavar="TRACE|builtin:NAME",
+        help=f"a trace file or builtin:NAME[:key=val,...] (default builtin:{DEFAULT_BUILTIN})",
+    )
+    parser.add_argument(
+        "--block-tokens",
+        type=int,
+        metavar="N",
+        help="cache block size in tokens (default: the workload's own, 512 for Mooncake)",
+    )
+    parser.add_argument(
+        "--capacity",
+        default=DEFAULT_CAPACITY,
+        metavar="N[,N...]",
+        help=f"cache capacities in tokens (default {DEFAULT_CAPACITY})",
+    )
+    parser.add_argument(
+        "--policy",
+        default=DEFAULT_POLICIES,
+        metavar="P[,P...]",
+        help=f"eviction policies: {', '.join(sorted(POLICIES))} (default {DEFAULT_POLICIES})",
+    )
+    parser.add_argument(
+        "--oracle", action="store_true", help="also run Belady's optimum at each capacity"
+    )
+    parser.add_argument("--requests", type=int, metavar="N", help="replay only the first N")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    parser.add_argument(
+        "--tenant-salt",
+        action="store_true",
+        help="hash each tenant in its own namespace (tenants then never share a block)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of built-in workloads")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        metavar="N",
+        help="runs in parallel processes (default: up to 2)",
+    )
+    tiers_cli.add_tier_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+# --- the workload, hashed once -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Every request's full-block hashes, packed, with what the cache needs besides."""
+
+    raw: bytes
+    offsets: np.ndarray[Any, np.dtype[np.int64]]
+    prompt_tokens: np.ndarray[Any, np.dtype[np.int64]]
+    arrival_s: np.ndarray[Any, np.dtype[np.float64]]
+    tenants: tuple[str, ...]
+    shadow_raw: bytes | None
+    block_tokens: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompt_tokens)
+
+    def hashes(self, i: int) -> BlockHashes:
+        return BlockHashes(self.raw[self.offsets[i] << 3 : self.offsets[i + 1] << 3])
+
+    def all_hashes(self) -> Iterator[BlockHashes]:
+        return (self.hashes(i) for i in range(self.num_requests))
+
+    def shadow(self, i: int) -> BlockHashes | None:
+        if self.shadow_raw is None:
+            return None
+        return BlockHashes(self.shadow_raw[self.offsets[i] << 3 : self.offsets[i + 1] << 3])
+
+
+def prepare(
+    spec: str,
+    *,
+    block_tokens: int | None,
+    limit: int | None,
+    seed: int,
+    tenant_salt: bool,
+    progress: Callable[[int], None] = lambda n: None,
+) -> Prepared:
+    workload = open_workload(spec, block_tokens=block_tokens, limit=limit, seed=seed)
+    bt = block_tokens or workload.block_tokens
+    plain_seed = Namespace().seed
+    seeds: dict[str, int] = {}
+    raws: list[bytes] = []
+    shadows: list[bytes] = []
+    lengths: list[int] = []
+    prompts: list[int] = []
+    arrivals: list[float] = []
+    tenants: list[str] = []
+    for request in workload:
+        plain = request_block_hashes(request, bt, plain_seed)
+        if tenant_salt:
+            seed_t = seeds.get(request.tenant)
+            if seed_t is None:
+                seed_t = seeds[request.tenant] = Namespace(tenant_salt=request.tenant.encode()).seed
+            raws.append(request_block_hashes(request, bt, seed_t).raw)
+            shadows.append(plain.raw)
+        else:
+            raws.append(plain.raw)
+        lengths.append(len(plain))
+        prompts.append(request.prompt_tokens)
+        arrivals.append(request.arrival_s)
+        tenants.append(request.tenant)
+        if len(prompts) % _PROGRESS_EVERY == 0:
+            progress(_PROGRESS_EVERY)
+    progress(len(prompts) % _PROGRESS_EVERY)
+    if not prompts:
+        raise ConfigError(f"{spec}: the workload has no requests")
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Prepared(
+        raw=b"".join(raws),
+        offsets=offsets,
+        prompt_tokens=np.asarray(prompts, dtype=np.int64),
+        arrival_s=np.asarray(arrivals, dtype=np.float64),
+        tenants=tuple(tenants),
+        shadow_raw=b"".join(shadows) if tenant_salt else None,
+        block_tokens=bt,
+    )
+
+
+# --- one run -----------------------------------------------------------------------------
+
+
+def replay_one(
+    data: Prepared,
+    policy: str,
+    capacity_tokens: int,
+    progress: Callable[[int], None] = lambda n: None,
+    tiers: argparse.Namespace | None = None,
+) -> dict[str, Any]:
+    """Replays every request through a fresh cache; the result row of the JSON report."""
+    bt = data.block_tokens
+    clock = ManualClock()
+    cache: KVCache | TieredCache = KVCache(
+        CacheConfig(capacity_blocks=capacity_tokens // bt, block_tokens=bt, policy=policy), clock
+    )
+    if tiers is not None and tiers_cli.has_tiers(tiers):
+        cache = tiers_cli.build_cache(
+            tiers,
+            capacity_blocks=capacity_tokens // bt,
+            block_tokens=bt,
+            policy=policy,
+            clock=clock,
+        )
+    start = time.perf_counter()
+    arrivals = data.arrival_s.tolist()
+    prompts = data.prompt_tokens.tolist()
+    for i in range(data.num_requests):
+        if arrivals[i] > clock.now():
+            clock.set(arrivals[i])
+        cache.access(
+            data.hashes(i), prompts[i], tenant=data.tenants[i], shadow_hashes=data.shadow(i)
+        )
+        if (i + 1) % _PROGRESS_EVERY == 0:
+            progress(_PROGRESS_EVERY)
+    progress(data.num_requests % _PROGRESS_EVERY)
+    wall_s = time.perf_counter() - start
+    s = cache.stats().device if isinstance(cache, TieredCache) else cache.stats()
+    row = {
+        "policy": policy,
+        "capacity_tokens": capacity_tokens,
+        "capacity_blocks": cache.capacity_blocks,
+        "hit_ratio": s.hit_ratio,
+        "block_hit_ratio": s.block_hit_ratio,
+        "hit_tokens": s.hit_tokens,
+        "prompt_tokens": s.prompt_tokens,
+        "evictions": s.evicted_blocks,
+        "inserted_blocks": s.inserted_blocks,
+        "pct_of_optimum": None,
+        "miss_tokens": {
+            "cold": s.miss_tokens_cold,
+            "evicted": s.miss_tokens_evicted,
+            "other_namespace": s.miss_tokens_other_namespace,
+            "partial": s.miss_tokens_partial,
+        },
+        "wall_s": wall_s,
+        "us_per_request": 1e6 * wall_s / data.num_requests,
+    }
+    if isinstance(cache, TieredCache):
+        row.update(tiers_cli.tier_report(cache))
+    return row
+
+
+_WORKER_DATA: Prepared | None = None
+_WORKER_TIERS: argparse.Namespace | None = None
+
+
+def _init_worker(data: Prepared, tiers: argparse.Namespace | None) -> None:
+    global _WORKER_DATA, _WORKER_TIERS
+    _WORKER_DATA, _WORKER_TIERS = data, tiers
+
+
+def _replay_in_worker(policy: str, capacity_tokens: int) -> dict[str, Any]:
+    assert _WORKER_DATA is not None
+    return replay_one(_WORKER_DATA, policy, capacity_tokens, tiers=_WORKER_TIERS)
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def parse_capacities(text: str) -> list[int]:
+    out = []
+    for item in text.split(","):
+        try:
+            value = int(float(item.strip()))
+        except ValueError:
+            raise ConfigError(f"--capacity: {item.strip()!r} is not a number of tokens") from None
+        if value <= 0:
+            raise ConfigError(
+                f"--capacity: capacity must be a positive number of tokens, got {value}"
+            )
+        out.append(value)
+    return out
+
+
+def parse_policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise ConfigError("--policy: no policy given")
+    for name in names:
+        if name not in POLICIES:
+            valid = ", ".join(sorted(POLICIES))
+            raise ConfigError(f"--policy: unknown eviction policy {name!r} (valid: {valid})")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    capacities = parse_capacities(args.capacity)
+    policies = parse_policies(args.policy)
+    if args.requests is not None and args.requests < 1:
+        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        reading = bar.add_task("hashing requests", total=args.requests)
+        data = prepare(
+            args.workload,
+            block_tokens=args.block_tokens,
+            limit=args.requests,
+            seed=args.seed,
+            tenant_salt=args.tenant_salt,
+            progress=lambda n: bar.advance(reading, n),
+        )
+        bt = data.block_tokens
+        for cap in capacities:
+            if cap < bt:
+                raise ConfigError(f"--capacity: {cap} tokens is less than one {bt}-token block")
+        bar.remove_task(reading)
+        grid = [(p, c) for p in policies for c in capacities]
+        task = bar.add_task("replaying", total=len(grid) * data.num_requests)
+        runs = _run_grid(data, grid, args.jobs, lambda n: bar.advance(task, n), args)
+        oracle_rows: list[dict[str, Any]] = []
+        infinite = None
+        if args.oracle:
+            bar.update(task, description="Belady's optimum")
+            oracle = Oracle(data.all_hashes())
+            total = int(data.prompt_tokens.sum())
+            infinite = oracle.infinite_hit_blocks * bt / total
+            for cap in capacities:
+                result = oracle.run(cap // bt)
+                oracle_rows.append(
+                    {
+                        "capacity_tokens": cap,
+                        "hit_ratio": result.hit_blocks * bt / total,
+                        "block_hit_ratio": result.block_hit_ratio,
+                        "evictions": result.evicted_blocks,
+                    }
+                )
+    best = {row["capacity_tokens"]: row["hit_ratio"] for row in oracle_rows}
+    for row in runs:
+        opt = best.get(row["capacity_tokens"])
+        if opt:
+            row["pct_of_optimum"] = 100.0 * row["hit_ratio"] / opt
+    _print_table(args.workload, data, runs, oracle_rows)
+    if args.json is not None:
+        report = {
+            "kvtide": __version__,
+            "workload": args.workload,
+            "block_tokens": bt,
+            "requests": data.num_requests,
+            "prompt_tokens": int(data.prompt_tokens.sum()),
+            "seed": args.seed,
+            "tenant_salt": args.tenant_salt,
+            "infinite_hit_ratio": infinite,
+            "runs": runs,
+            "oracle": oracle_rows,
+        }
+        try:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as exc:
+            raise ConfigError(f"--json: cannot write {args.json}: {exc.strerror or exc}") from exc
+    return 0
+
+
+def _run_grid(
+    data: Prepared,
+    grid: Sequence[tuple[str, int]],
+    jobs: int,
+    progress: Callable[[int], None],
+    tiers: argparse.Namespace | None = None,
+) -> list[dict[str, Any]]:
+    if jobs == 1 or len(grid) == 1:
+        return [replay_one(data, p, c, progress, tiers) for p, c in grid]
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(grid)),
+        mp_context=get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(data, tiers),
+    ) as pool:
+        futures = {pool.submit(_replay_in_worker, p, c): (p, c) for p, c in grid}
+        for future in as_completed(futures):
+            rows[futures[future]] = future.result()
+            progress(data.num_requests)
+    return [rows[key] for key in grid]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def _print_table(
+    spec: str, data: Prepared, runs: list[dict[str, Any]], oracle: list[dict[str, Any]]
+) -> None:
+    total = int(data.prompt_tokens.sum())
+    table = Table(
+        title=f"{spec}: {data.num_requests:,} requests, {total:,} prompt tokens, "
+        f"{data.block_tokens}-token blocks"
+    )
+    for name in ("policy", "capacity", "token hit", "block hit", "evictions", "% of optimum"):
+        table.add_column(name, justify="left" if name == "policy" else "right")
+    for name in ("miss cold", "miss evicted", "miss partial"):
+        table.add_column(name, justify="right")
+    tiered = any("hit_ratio_by_tier" in r for r in runs)
+    for name in tiers_cli.TIER_COLUMNS if tiered else ():
+        table.add_column(name, justify="right")
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for cap in dict.fromkeys(r["capacity_tokens"] for r in runs):
+        rows += [(r["policy"], r) for r in runs if r["capacity_tokens"] == cap]
+        rows += [("optimum", r) for r in oracle if r["capacity_tokens"] == cap]
+    for i, (name, r) in enumerate(rows):
+        miss = r.get("miss_tokens")
+        pct = r.get("pct_of_optimum")
+        table.add_row(
+            name,
+            f"{r['capacity_tokens']:,}",
+            _pct(r["hit_ratio"]),
+            _pct(r["block_hit_ratio"]),
+            f"{r['evictions']:,}",
+            f"{pct:.1f}" if pct is not None else "-",
+            _pct(miss["cold"] / total) if miss else "-",
+            _pct(miss["evicted"] / total) if miss else "-",
+            _pct(miss["partial"] / total) if miss else "-",
+            *(tiers_cli.tier_cells(r) if tiered else ()),
+            end_section=i + 1 < len(rows)
+            and rows[i + 1][1]["capacity_tokens"] != r["capacity_tokens"],
+        )
+    out = Console(file=sys.stdout)
+    if not out.is_terminal:
+        out = Console(file=sys.stdout, width=160)
+    out.print(table)
