@@ -2,15 +2,18 @@
 
 The hash is vectorised over numpy so a 32k-token prompt hashes in tens of microseconds:
 
-    c_i = fmix64(sum_k tokens[i, k] * K_k)    keyed multilinear hash of block i's content
+    c_i = mix(sum_k tokens[i, k] * K_k)        keyed multilinear hash of block i's content
     S_i = S_{i-1} * M + c_i   (mod 2**64)      linear chain over blocks, seeded by the namespace
-    h_i = fmix64(S_i)                          the published block hash
+    h_i = fin(S_i)                             the published block hash
 
-The chain is a linear recurrence, so all S_i come from one cumulative sum
-(S_i = M**i * (S_-1 * M + sum_{j<=i} c_j * M**-j)); fmix64 (MurmurHash3's finaliser) is a
-bijection, which lets a chain continue from a published parent hash. The keys K and the seed come
-from the namespace, so two namespaces never share a block and a client who does not know the
-server-side tenant salt cannot aim for a collision.
+mix (one xorshift-multiply round) makes the content hash non-linear, so nobody can aim block
+differences at the linear chain (the Thue-Morse collisions of plain polynomial hashing) without
+the keys. The chain is a linear recurrence, so all S_i come from one cumulative sum
+(S_i = M**(i+1) * S_-1 + M**i * sum_{j<=i} c_j * M**-j). fin (xorshift, odd multiply,
+xorshift) is a bijection, which lets a chain continue from a published parent hash. K and S_-1
+come from the namespace, so two namespaces never share a block and a client who does not know
+the server-side tenant salt cannot aim for a collision. Each step costs a few numpy calls over
+all blocks at once; their count, not the arithmetic, is what a prompt's hashing time is made of.
 """
 
 from __future__ import annotations
@@ -139,6 +142,8 @@ class Namespace:
         return h.intdigest()
 
 
+_S29 = _U64(29)
+_S32 = _U64(32)
 _S33 = _U64(33)
 _F1_U = _U64(_F1)
 _F2_U = _U64(_F2)
@@ -157,6 +162,28 @@ def fmix64(x: U64Array) -> U64Array:
     return x
 
 
+def _mix_inplace(x: U64Array) -> U64Array:
+    """One xorshift-multiply round, in place: cheap non-linearity for content hashes."""
+    x ^= x >> _S29
+    x *= _F1_U
+    return x
+
+
+def _finalize_inplace(x: U64Array) -> U64Array:
+    """The published hash of a chain state, in place: a bijection (see finalize_inverse)."""
+    x ^= x >> _S32
+    x *= _F2_U
+    x ^= x >> _S29
+    return x
+
+
+def finalize_inverse(h: int) -> int:
+    """The chain state behind a published block hash."""
+    x = h ^ (h >> 29) ^ (h >> 58)
+    x = (x * _F2_INV) & _MASK
+    return x ^ (x >> 32)
+
+
 def _unxorshift33(x: int) -> int:
     # x ^ (x >> 33) is its own inverse for shifts of at least half the width.
     return x ^ (x >> 33)
@@ -173,7 +200,7 @@ def fmix64_inverse(h: int) -> int:
 class _Keys:
     """Per-seed position keys and chain powers, grown on demand and reused across calls."""
 
-    __slots__ = ("_rng", "m_inv_pows", "m_pows", "position_keys", "seed_state")
+    __slots__ = ("_rng", "m_inv_pows", "m_pows", "position_keys", "seed_state", "start_terms")
 
     def __init__(self, seed: int) -> None:
         rng = np.random.Generator(np.random.PCG64(seed))
@@ -182,6 +209,7 @@ class _Keys:
         self._rng = rng
         self.m_pows: U64Array = np.ones(1, dtype=np.uint64)
         self.m_inv_pows: U64Array = np.ones(1, dtype=np.uint64)
+        self.start_terms: U64Array = np.ones(0, dtype=np.uint64)  # M**(i+1) * S_-1
 
     def keys_for(self, block_tokens: int) -> U64Array:
         keys = self.position_keys.get(block_tokens)
@@ -196,6 +224,7 @@ class _Keys:
             size = max(n + 1, 2 * len(self.m_pows))
             self.m_pows = _powers(_M, size)
             self.m_inv_pows = _powers(_M_INV, size)
+            self.start_terms = self.m_pows[1:] * _U64(self.seed_state)
         return self.m_pows, self.m_inv_pows
 
 
@@ -225,13 +254,16 @@ def _chain(content: U64Array, keys: _Keys, parent: BlockHash | None) -> BlockHas
     if n == 0:
         return BlockHashes()
     m_pows, m_inv_pows = keys.powers(n)
-    start = keys.seed_state if parent is None else fmix64_inverse(parent)
-    # S_i = M^(i+1) * start + M^i * sum_{j<=i} c_j * M^-j  (mod 2**64: uint64 arrays wrap
+    # S_i = M^(i+1) * S_-1 + M^i * sum_{j<=i} c_j * M^-j  (mod 2**64: uint64 arrays wrap
     # silently, which is exactly the arithmetic wanted)
-    scaled = np.cumsum(content * m_inv_pows[:n], dtype=np.uint64)
-    np.multiply(scaled, m_pows[:n], out=scaled)
-    scaled += m_pows[1 : n + 1] * _U64(start)
-    return BlockHashes(fmix64(scaled).astype("<u8", copy=False).tobytes())
+    content *= m_inv_pows[:n]
+    state = np.cumsum(content, dtype=np.uint64)
+    state *= m_pows[:n]
+    if parent is None:
+        state += keys.start_terms[:n]
+    else:
+        state += m_pows[1 : n + 1] * _U64(finalize_inverse(parent))
+    return BlockHashes(_finalize_inplace(state).astype("<u8", copy=False).tobytes())
 
 
 def hash_tokens(
@@ -249,7 +281,7 @@ def hash_tokens(
     flat = arr[: n_blocks * block_tokens]
     # Same-width signed ints reinterpret for free; token ids are never negative.
     flat = flat.view(np.uint64) if flat.dtype == np.int64 else flat.astype(np.uint64)
-    content = fmix64(flat.reshape(n_blocks, block_tokens) @ keys.keys_for(block_tokens))
+    content = _mix_inplace(flat.reshape(n_blocks, block_tokens) @ keys.keys_for(block_tokens))
     return _chain(content, keys, parent)
 
 
@@ -261,7 +293,7 @@ def hash_block_ids(
         return BlockHashes()
     keys = _keys(seed)
     arr = np.asarray(ids).astype(np.uint64, copy=False)
-    content = fmix64(arr * keys.keys_for(1)[0] + _U64(0x632BE59BD9B4E019))
+    content = _mix_inplace(arr * keys.keys_for(1)[0] + _U64(0x632BE59BD9B4E019))
     return _chain(content, keys, parent)
 
 

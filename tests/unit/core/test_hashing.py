@@ -10,6 +10,7 @@ from kvtide.core.hashing import (
     Namespace,
     as_block_hashes,
     expand_block_ids,
+    finalize_inverse,
     fmix64,
     fmix64_inverse,
     hash_block_ids,
@@ -64,6 +65,14 @@ def test_a_chain_continues_from_its_published_parent() -> None:
 def test_list_and_array_inputs_agree() -> None:
     tokens = list(range(100, 164))
     assert hash_tokens(tokens, 16, SEED) == hash_tokens(np.array(tokens, np.int32), 16, SEED)
+
+
+def test_the_published_hash_inverts_to_its_chain_state() -> None:
+    from kvtide.core.hashing import _finalize_inplace
+
+    xs = np.array([0, 1, 2**63 + 5, 2**64 - 1, 0x123456789ABCDEF], dtype=np.uint64)
+    for x, h in zip(xs.tolist(), _finalize_inplace(xs.copy()).tolist(), strict=True):
+        assert finalize_inverse(h) == x
 
 
 def test_fmix64_inverse_roundtrips() -> None:
