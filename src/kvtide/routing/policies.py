@@ -95,6 +95,20 @@ def check_epsilon(epsilon: float) -> float:
     return float(epsilon)
 
 
+class RandomChoice(BasePolicy):
+    """Uniform over healthy replicas, from the context's seeded rng: the weakest baseline
+    (Mooncake, FAST'25, Fig. 5), kept for comparisons."""
+
+    name = "random"
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
+        cands = self.healthy(replicas)
+        r = cands[self.ctx.rng.randrange(len(cands))]
+        return RouteDecision(
+            r.replica_id, self.name, "random", queue_tokens=r.queued_prefill_tokens
+        )
+
+
 class RoundRobin(BasePolicy):
     """Healthy replicas in turn."""
 

@@ -9,11 +9,18 @@ from kvtide.routing.affinity import Approx, Precise
 from kvtide.routing.chash import ConsistentHash
 from kvtide.routing.cost import CostAware
 from kvtide.routing.peers import PeerDynamo, PeerLlmd, PeerPreble, PeerSglang
-from kvtide.routing.policies import LeastLoad, RoundRobin, RoutingContext, RoutingPolicy
+from kvtide.routing.policies import (
+    LeastLoad,
+    RandomChoice,
+    RoundRobin,
+    RoutingContext,
+    RoutingPolicy,
+)
 
 PolicyFactory = Callable[..., RoutingPolicy]
 
 POLICIES: dict[str, PolicyFactory] = {
+    "random": RandomChoice,
     "round_robin": RoundRobin,
     "least_load": LeastLoad,
     "chash": ConsistentHash,

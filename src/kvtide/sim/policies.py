@@ -1,44 +1,16 @@
-"""Routing policies that exist only as baselines for the simulator's comparisons.
-
-``random`` is Mooncake's (FAST'25, Fig. 5) weakest baseline: uniform over healthy replicas,
-drawn from the routing context's seeded rng. It plugs into ``kvtide.routing`` as any other
-policy would (``BasePolicy``); the registry of production policies stays untouched.
+"""Router specs for the simulator's command line: ``NAME[:key=value...]`` to a policy from
+``kvtide.routing`` (the very objects production routes with; the simulator has none of its own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from kvtide.errors import ConfigError
-from kvtide.routing import (
-    POLICIES,
-    ReplicaState,
-    RouteDecision,
-    RouteRequest,
-    RoutingContext,
-    RoutingPolicy,
-    make_policy,
-)
-from kvtide.routing.policies import BasePolicy
+from kvtide.routing import POLICIES, RoutingContext, RoutingPolicy, make_policy
 from kvtide.routing.registry import NEEDS_INDEX
 
 
-class RandomChoice(BasePolicy):
-    name = "random"
-
-    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
-        cands = self.healthy(replicas)
-        r = cands[self.ctx.rng.randrange(len(cands))]
-        return RouteDecision(
-            r.replica_id, self.name, "random", queue_tokens=r.queued_prefill_tokens
-        )
-
-
-BASELINES = {"random": RandomChoice}
-
-
 def policy_names() -> list[str]:
-    return sorted({*POLICIES, *BASELINES})
+    return sorted(POLICIES)
 
 
 def parse_router(spec: str) -> tuple[str, dict[str, object]]:
@@ -70,14 +42,8 @@ def needs_index(spec: str) -> bool:
 
 
 def build_policy(spec: str, ctx: RoutingContext) -> RoutingPolicy:
-    """A production policy from ``kvtide.routing`` by name (``NAME[:key=value...]``), or a
-    simulator baseline."""
+    """A policy from ``kvtide.routing`` by name, with options (``NAME[:key=value...]``)."""
     name, options = parse_router(spec)
-    baseline = BASELINES.get(name)
-    if baseline is None:
-        if name not in POLICIES:
-            raise ConfigError(f"unknown router {name!r} (valid: {', '.join(policy_names())})")
-        return make_policy(name, ctx, options)
-    if options:
-        raise ConfigError(f"router {name!r} takes no options")
-    return baseline(ctx)
+    if name not in POLICIES:
+        raise ConfigError(f"unknown router {name!r} (valid: {', '.join(policy_names())})")
+    return make_policy(name, ctx, options)
