@@ -57,6 +57,23 @@ def check_params(params: BuiltinParams) -> None:
             raise ConfigError(f"{name} workload: {field.name} must be {sign}, got {value}")
 
 
+def _uniform_sessions(
+    shape: ConversationShape,
+    sessions: int,
+    duration_s: float,
+    seed: int,
+    block_tokens: int,
+    stream: str,
+    tenant: TenantId,
+) -> Iterator[Request]:
+    """Sessions of ``shape`` starting uniformly over ``duration_s``, on the stream's own rngs."""
+    rng, content_rng = stream_rngs(seed, stream)
+    starts_s = uniform_times(rng, sessions, 0.0, duration_s)
+    yield from conversations(
+        shape, starts_s, rng, content_rng, stream=stream, tenant=tenant, block_tokens=block_tokens
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Chat:
     """Multi-turn chat sessions over a few shared system prompts, with human think times."""
@@ -84,16 +101,8 @@ class Chat:
         stream: str = "chat",
         tenant: TenantId = _DEFAULT_TENANT,
     ) -> Iterator[Request]:
-        rng, content_rng = stream_rngs(seed, stream)
-        starts_s = uniform_times(rng, self.sessions, 0.0, self.duration_s)
-        yield from conversations(
-            self.shape(),
-            starts_s,
-            rng,
-            content_rng,
-            stream=stream,
-            tenant=tenant,
-            block_tokens=block_tokens,
+        return _uniform_sessions(
+            self.shape(), self.sessions, self.duration_s, seed, block_tokens, stream, tenant
         )
 
     def shape(self) -> ConversationShape:
@@ -139,9 +148,12 @@ class Agent:
         stream: str = "agent",
         tenant: TenantId = _DEFAULT_TENANT,
     ) -> Iterator[Request]:
-        rng, content_rng = stream_rngs(seed, stream)
-        starts_s = uniform_times(rng, self.sessions, 0.0, self.duration_s)
-        shape = ConversationShape(
+        return _uniform_sessions(
+            self.shape(), self.sessions, self.duration_s, seed, block_tokens, stream, tenant
+        )
+
+    def shape(self) -> ConversationShape:
+        return ConversationShape(
             system_prompts=self.system_prompts,
             system_tokens=self.system_tokens,
             first_tokens=self.task_tokens,
@@ -151,15 +163,6 @@ class Agent:
             think_s=self.tool_s,
             max_prompt_tokens=self.max_prompt_tokens,
             end_s=self.duration_s,
-        )
-        yield from conversations(
-            shape,
-            starts_s,
-            rng,
-            content_rng,
-            stream=stream,
-            tenant=tenant,
-            block_tokens=block_tokens,
         )
 
 
