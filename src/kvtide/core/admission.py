@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from kvtide.core.hashing import BlockHashes
 from kvtide.errors import ConfigError
+from kvtide.registry import build_named
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -147,11 +148,6 @@ def make_admission(
     name: str, capacity_blocks: int, options: Mapping[str, object] | None = None
 ) -> AdmissionFilter:
     """Builds the filter registered as ``name`` for lower tiers of ``capacity_blocks`` blocks."""
-    factory = ADMISSION_FILTERS.get(name)
-    if factory is None:
-        valid = ", ".join(sorted(ADMISSION_FILTERS))
-        raise ConfigError(f"unknown admission filter {name!r} (valid: {valid})")
-    try:
-        return factory(capacity_blocks, **dict(options or {}))
-    except TypeError as exc:
-        raise ConfigError(f"bad options for admission filter {name!r}: {exc}") from exc
+    return build_named(
+        "admission filter", ADMISSION_FILTERS, name, capacity_blocks, options=options
+    )

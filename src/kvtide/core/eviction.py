@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from kvtide.clock import Clock
 from kvtide.core.node import Node
-from kvtide.errors import ConfigError
+from kvtide.registry import build_named
 from kvtide.types import BlockHash
 
 
@@ -142,11 +142,4 @@ def register_policy(name: str, factory: PolicyFactory) -> None:
 def make_policy(
     name: str, ctx: PolicyContext, options: Mapping[str, object] | None = None
 ) -> EvictionPolicy:
-    factory = POLICIES.get(name)
-    if factory is None:
-        valid = ", ".join(sorted(POLICIES))
-        raise ConfigError(f"unknown eviction policy {name!r} (valid: {valid})")
-    try:
-        return factory(ctx, **dict(options or {}))
-    except TypeError as exc:
-        raise ConfigError(f"bad options for eviction policy {name!r}: {exc}") from exc
+    return build_named("eviction policy", POLICIES, name, ctx, options=options)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from kvtide.errors import ConfigError
+from kvtide.registry import build_named
 from kvtide.routing.affinity import Approx, Precise
 from kvtide.routing.chash import ConsistentHash
 from kvtide.routing.cost import CostAware
@@ -45,11 +45,4 @@ def make_policy(
     name: str, ctx: RoutingContext | None = None, options: Mapping[str, object] | None = None
 ) -> RoutingPolicy:
     """Builds a policy by name; bad names and options raise ``ConfigError``."""
-    factory = POLICIES.get(name)
-    if factory is None:
-        valid = ", ".join(sorted(POLICIES))
-        raise ConfigError(f"unknown routing policy {name!r} (valid: {valid})")
-    try:
-        return factory(ctx or RoutingContext(), **dict(options or {}))
-    except TypeError as exc:
-        raise ConfigError(f"bad options for routing policy {name!r}: {exc}") from exc
+    return build_named("routing policy", POLICIES, name, ctx or RoutingContext(), options=options)
