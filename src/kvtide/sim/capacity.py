@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import BlockHashes
+from kvtide.core.oracle import Oracle
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +36,7 @@ def capacity_curve(
         for hashes, tokens in prompts:
             cache.access(hashes, tokens)
         ratios.append(cache.stats().hit_ratio)
-    seen: set[int] = set()
-    hits = 0
-    for hashes, _ in prompts:
-        ints = hashes.tolist()
-        n = 0
-        while n < len(ints) and ints[n] in seen:
-            n += 1
-        hits += n * block_tokens
-        seen.update(ints[n:])
+    # Chained hashes: a block seen before has its whole prefix seen, so the oracle's count of
+    # repeated blocks is exactly what an unbounded prefix cache hits.
+    hits = Oracle(hashes for hashes, _ in prompts).infinite_hit_blocks * block_tokens
     return CapacityCurve(list(capacity_tokens), ratios, hits / total if total else 0.0)
