@@ -1,5 +1,6 @@
 """Hit ratio against cache capacity: the chosen eviction policy on one shared cache (routing
-that loses nothing) beside the infinite cache, the ceiling no policy or router can pass."""
+that loses nothing) beside Belady's optimum at the same capacity and the infinite cache, the
+ceiling no policy or router can pass."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class CapacityCurve:
     capacity_tokens: list[int]
     policy_hit_ratio: list[float]
     infinite_hit_ratio: float
+    optimum_hit_ratio: list[float]  # Belady/MIN at each capacity
 
 
 def capacity_curve(
@@ -38,5 +40,10 @@ def capacity_curve(
         ratios.append(cache.stats().hit_ratio)
     # Chained hashes: a block seen before has its whole prefix seen, so the oracle's count of
     # repeated blocks is exactly what an unbounded prefix cache hits.
-    hits = Oracle(hashes for hashes, _ in prompts).infinite_hit_blocks * block_tokens
-    return CapacityCurve(list(capacity_tokens), ratios, hits / total if total else 0.0)
+    oracle = Oracle(hashes for hashes, _ in prompts)
+    hits = oracle.infinite_hit_blocks * block_tokens
+    optimum = [
+        oracle.run(max(1, c // block_tokens)).hit_blocks * block_tokens / total if total else 0.0
+        for c in capacity_tokens
+    ]
+    return CapacityCurve(list(capacity_tokens), ratios, hits / total if total else 0.0, optimum)

@@ -116,7 +116,8 @@ def render(
     parts += [
         "<h2>Hit ratio against cache capacity</h2>",
         f"<p class='note'>{escape(scenario.eviction)} on one cache holding the whole fleet's "
-        "capacity (a router that loses nothing to placement), the infinite cache (the "
+        "capacity (a router that loses nothing to placement), Belady's optimum at that capacity, "
+        "the infinite cache (the "
         "ceiling: only first uses miss), and each router's measured hit ratio at the "
         f"fleet's capacity of {fleet_tokens:,} tokens.</p>",
         line_chart(
@@ -126,6 +127,7 @@ def render(
                     curve.capacity_tokens,
                     curve.policy_hit_ratio,
                 ),
+                Line("optimum (Belady)", curve.capacity_tokens, curve.optimum_hit_ratio),
                 Line(
                     "infinite cache",
                     curve.capacity_tokens,
