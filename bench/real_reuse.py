@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.calibration import PrefillSample, calibrate, fit_transfer
 from kvtide.core.cost_model import Coefficients, CostModel
 from kvtide.core.hashing import Namespace
 from kvtide.core.specs import GpuSpec, ModelSpec
+from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
 from kvtide.errors import ConfigError
 from kvtide.tensors.gguf_loader import build_tokenizer, find_smollm2_gguf, load_gguf
 from kvtide.tensors.model import LlamaConfig, LlamaModel
@@ -111,18 +111,16 @@ def measure(args: argparse.Namespace) -> Measured:
     base = build_base(tokenizer.encode, system, max(lengths) + suffix * num_suffixes)
     suffixes = [base[-(k + 1) * suffix : len(base) - k * suffix] for k in range(num_suffixes)]
     config = gguf.config
-    shape = PagedKV(config, 1, bt).block_shape
     tiers_blocks = sum(n // bt + 1 for n in lengths) + num_suffixes * len(lengths) * 3
     namespace = Namespace(model=gguf.name)
-    cold_runner = PagedRunner(model, KVCache(CacheConfig(max(lengths) // bt + 4, bt)), namespace)
+    device_only = TieredCacheConfig(TierSpec(max(lengths) // bt + 4), block_tokens=bt)
+    cold_runner = PagedRunner(model, TieredCache(device_only), namespace)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="kvtide-real-reuse-") as tmp:
-        runner = PagedRunner(
-            model,
-            KVCache(CacheConfig(tiers_blocks, bt)),
-            namespace,
-            host=HostStore(shape, tiers_blocks),
-            disk=DiskStore(tmp),
+        # Every lower-tier hit is reloaded (no cost model): the point is to time reloads.
+        tiers = TieredCacheConfig(
+            TierSpec(tiers_blocks), TierSpec(tiers_blocks), TierSpec(tiers_blocks), block_tokens=bt
         )
+        runner = PagedRunner(model, TieredCache(tiers), namespace, disk_dir=tmp)
         print(
             f"block {bt} tokens, {cold_runner.kv.block_bytes / 1e6:.2f} MB/block (fp32), "
             f"device pool {tiers_blocks} blocks, host store {tiers_blocks} blocks, disk {tmp}"
@@ -166,12 +164,12 @@ def measure(args: argparse.Namespace) -> Measured:
                 return timed_prefill(runner, prefix + next(turn))
 
             def host(prefix: list[int] = prefix, turn: Iterator[list[int]] = turn) -> PrefillStats:
-                runner.evict_device(runner.cache.num_cached_blocks)  # down to the host store
+                runner.evict_device(runner.cache.num_cached_blocks)  # down to the host tier
                 return timed_prefill(runner, prefix + next(turn))
 
             def disk(prefix: list[int] = prefix, turn: Iterator[list[int]] = turn) -> PrefillStats:
                 runner.evict_device(runner.cache.num_cached_blocks)
-                runner.offloader.demote_host(tiers_blocks)  # and from the host to disk
+                runner.tiers.caches[Tier.HOST].clear()  # the host writes them down to disk
                 return timed_prefill(runner, prefix + next(turn))
 
             for name, run in (("device", device), ("host", host), ("disk", disk)):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -184,6 +184,10 @@ class TierMove:
     hashes: tuple[BlockHash, ...]
     src: Tier
     dst: Tier
+
+
+Mover = Callable[[TierMove], None]
+"""Carries out one ``TierMove`` (see ``TieredCache.add_mover``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +415,8 @@ class TieredCache:
             if math.isfinite(rate):
                 self.links[tier] = Link(rate, self.clock, name=f"{tier.name.lower()}->device")
         self._moves: list[TierMove] = []
+        self._movers: list[Mover] = []
+        self._moving = config.record_moves
         self._lookups = 0
         self._prompt_tokens = 0
 
@@ -506,10 +512,8 @@ class TieredCache:
                     if link is not None:
                         link.submit(cost.kv_bytes(r * bt))
                     stored = min(pos + r, d + dev.new_blocks)  # a full device may store less
-                    if self.config.record_moves and stored > pos:
-                        self._moves.append(
-                            TierMove(tuple(hashes[pos:stored].tolist()), tier, Tier.DEVICE)
-                        )
+                    if self._moving and stored > pos:
+                        self._move(TierMove(tuple(hashes[pos:stored].tolist()), tier, Tier.DEVICE))
                 c.prefill_s_saved += plan.recompute_s - plan.time_s
                 saved += plan.recompute_s - plan.time_s
                 onboard_s = plan.time_s if onboard_s < 0 else max(onboard_s, plan.time_s)
@@ -566,10 +570,8 @@ class TieredCache:
             link = self.links.get(tier)
             if link is not None:
                 link.submit(self.cost.kv_bytes(k * self.block_tokens))
-            if self.config.record_moves:
-                self._moves.append(
-                    TierMove(tuple(hashes[pos : pos + k].tolist()), tier, Tier.DEVICE)
-                )
+            if self._moving:
+                self._move(TierMove(tuple(hashes[pos : pos + k].tolist()), tier, Tier.DEVICE))
             pos += k
         return moved
 
@@ -588,13 +590,15 @@ class TieredCache:
             keep = self.filters[dst].admitted_prefix(run)
             if keep > placed:
                 prefix = path[: base + keep]
-                written = self.caches[dst].insert(prefix).new_blocks
+                stored = self.caches[dst].insert(prefix)
+                written = stored.new_blocks
                 self._counters[dst].written_blocks += written
                 written_total += written
-                placed = keep
-                if written and self.config.record_moves:
-                    moved = prefix[len(prefix) - written :]
-                    self._moves.append(TierMove(tuple(moved.tolist()), src, dst))
+                # A tier too small (or too locked) for the whole run passes the rest down.
+                placed = max(placed, min(keep, stored.cached_blocks - base))
+                if written and self._moving:
+                    end = stored.cached_blocks
+                    self._move(TierMove(tuple(prefix[end - written : end].tolist()), src, dst))
             if placed == num_blocks:
                 break
         if on_evict:
@@ -624,6 +628,21 @@ class TieredCache:
         for cache in self.caches.values():
             events.extend(cache.take_events())
         return events
+
+    def add_mover(self, mover: Mover) -> None:
+        """Calls ``mover(move)`` for every copy between tiers as soon as it is decided, inside
+        the cache operation: a demotion while the evicted device block's bytes are still in
+        its pool slot (the slot may be handed out again within the same operation, but is not
+        written before the operation returns), a reload after the device stored the block.
+        This is how real tensors follow the cache (``kvtide.tensors``)."""
+        self._movers.append(mover)
+        self._moving = True
+
+    def _move(self, move: TierMove) -> None:
+        if self.config.record_moves:
+            self._moves.append(move)
+        for mover in self._movers:
+            mover(move)
 
     def take_moves(self) -> list[TierMove]:
         """Drains the copies between tiers since the last call (``record_moves``), in the

@@ -5,7 +5,7 @@ The only kvtide package that imports torch (the optional 'torch' extra); nothing
 
 from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf
 from kvtide.tensors.model import LlamaConfig, LlamaModel
-from kvtide.tensors.offload import CorruptBlockError, DiskStore, HostStore, Offloader
+from kvtide.tensors.offload import CorruptBlockError, DiskStore, HostStore, TensorMover
 from kvtide.tensors.paged_kv import PagedKV, PagedPast
 from kvtide.tensors.runner import Generation, PagedRunner, Prefill, PrefillStats
 from kvtide.tensors.tokenizer import BpeTokenizer, ChatMessage, render_chat
@@ -20,12 +20,12 @@ __all__ = [
     "HostStore",
     "LlamaConfig",
     "LlamaModel",
-    "Offloader",
     "PagedKV",
     "PagedPast",
     "PagedRunner",
     "Prefill",
     "PrefillStats",
+    "TensorMover",
     "find_smollm2_gguf",
     "load_gguf",
     "render_chat",

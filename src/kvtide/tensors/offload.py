@@ -1,9 +1,11 @@
-"""Lower KV tiers for real tensors: a host store (pinned when CUDA is there) and a disk store.
+"""Lower KV tiers for real tensors, driven by the core's ``TieredCache``.
 
-Both are keyed by chained block hash. ``Offloader`` watches a KVCache: when the cache evicts a
-device block it copies the block's bytes down (host, or disk when there is no host tier) before
-the pool can hand the block out again; host overflow spills to disk. Disk blocks carry an
-xxh3-64 checksum that is verified on every load.
+``TieredCache`` decides everything: which device blocks are written down (write-back or
+write-through, admission filters, write-around), which host blocks spill to disk, what each
+tier evicts, and whether a lower-tier hit is reloaded, recomputed or split. ``TensorMover``
+only carries those decisions out on bytes, so the simulator and a real model run the same tier
+code. The host store is one slab (pinned when CUDA is there) keyed by block hash; the disk
+store writes one file per block with an xxh3-64 checksum that is verified on every load.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import os
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,18 +20,10 @@ import xxhash
 
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.node import Node
+from kvtide.core.tiers import TieredCache, TierMove
 from kvtide.errors import ConfigError, KvtideError
 from kvtide.tensors.paged_kv import PagedKV
 from kvtide.types import BlockHash, Tier
-
-
-@dataclass(frozen=True, slots=True)
-class Reload:
-    """One block to bring back: from the host (read at write time) or already read from disk."""
-
-    block_hash: BlockHash
-    tier: Tier
-    kv: torch.Tensor | None
 
 
 class CorruptBlockError(KvtideError):
@@ -39,7 +31,10 @@ class CorruptBlockError(KvtideError):
 
 
 class HostStore:
-    """A fixed slab of ``capacity_blocks`` host blocks with LRU order; pinned under CUDA."""
+    """A fixed slab of ``capacity_blocks`` host blocks keyed by hash; pinned under CUDA.
+
+    It keeps no order of its own: the host tier's ``KVCache`` decides what stays.
+    """
 
     def __init__(self, block_shape: tuple[int, ...], capacity_blocks: int) -> None:
         if capacity_blocks <= 0:
@@ -48,8 +43,7 @@ class HostStore:
         self.slab = torch.empty((capacity_blocks, *block_shape), pin_memory=pin)
         self.is_pinned = pin
         self._free = list(range(capacity_blocks - 1, -1, -1))
-        self._slot: OrderedDict[BlockHash, int] = OrderedDict()
-        self._locked: set[BlockHash] = set()
+        self._slot: dict[BlockHash, int] = {}
 
     @property
     def capacity_blocks(self) -> int:
@@ -62,42 +56,24 @@ class HostStore:
     def __contains__(self, block_hash: BlockHash) -> bool:
         return block_hash in self._slot
 
-    def is_full(self) -> bool:
-        return not self._free
-
-    def lock(self, block_hash: BlockHash) -> None:
-        """Keeps a block from ``pop_lru`` while a reload reads it; ``unlock`` after."""
-        self._locked.add(block_hash)
-
-    def unlock(self, block_hash: BlockHash) -> None:
-        self._locked.discard(block_hash)
-
     def put(self, block_hash: BlockHash, kv: torch.Tensor) -> None:
-        """Stores a copy; the store must not be full (``pop_lru`` first)."""
+        """Stores a copy (overwriting an earlier one); raises ``ConfigError`` when full."""
         slot = self._slot.get(block_hash)
         if slot is None:
-            slot = self._free.pop()
-            self._slot[block_hash] = slot
-        self._slot.move_to_end(block_hash)
+            if not self._free:
+                raise ConfigError(f"host store full ({self.capacity_blocks} blocks)")
+            slot = self._slot[block_hash] = self._free.pop()
         self.slab[slot].copy_(kv)
 
     def get(self, block_hash: BlockHash) -> torch.Tensor | None:
         """A view of the stored block (valid until it is dropped), or None."""
         slot = self._slot.get(block_hash)
-        if slot is None:
-            return None
-        self._slot.move_to_end(block_hash)
-        return self.slab[slot]
+        return None if slot is None else self.slab[slot]
 
-    def pop_lru(self) -> tuple[BlockHash, torch.Tensor] | None:
-        """Removes the least recently used unlocked block; its view stays valid until the
-        next put. None when every block is locked or the store is empty."""
-        victim = next((h for h in self._slot if h not in self._locked), None)
-        if victim is None:
-            return None
-        slot = self._slot.pop(victim)
-        self._free.append(slot)
-        return victim, self.slab[slot]
+    def drop(self, block_hash: BlockHash) -> None:
+        slot = self._slot.pop(block_hash, None)
+        if slot is not None:
+            self._free.append(slot)
 
 
 _MAGIC = b"KVTB"
@@ -186,128 +162,153 @@ class DiskStore:
         self.path(block_hash).unlink(missing_ok=True)
 
 
-class Offloader:
-    """A KVCache observer that writes evicted device blocks to the host (or disk) tier.
+class TensorMover:
+    """Keeps a paged KV tensor, a host slab and a disk directory in step with a
+    ``TieredCache``: each tier's bytes are exactly the blocks its ``KVCache`` holds.
 
-    It runs inside the cache's eviction, before the freed pool block can be reused, so the
-    bytes it copies are still the evicted block's. ``disk_write_through`` also writes every
-    offloaded block to disk at once (otherwise disk only receives host overflow).
+    It watches every tier's stores and removals (to map device blocks to pool slots and free
+    lower-tier bytes) and receives the cache's moves as they are decided
+    (``TieredCache.add_mover``). It registers after the cache's own observers, so when a tier
+    evicts a block the copy down runs before this mover forgets the block's bytes. A reload
+    that cannot be carried out (a corrupt or missing disk file) is remembered in ``failed``:
+    the runner recomputes from the first such block.
+
+    The device stores a prompt's blocks before the model computes them, so a copy down of a
+    block not computed yet (write-through) waits in ``pending`` until the runner has written
+    its KV and calls ``flush``.
     """
 
-    def __init__(
-        self,
-        kv: PagedKV,
-        host: HostStore | None = None,
-        disk: DiskStore | None = None,
-        *,
-        disk_write_through: bool = False,
-    ) -> None:
+    def __init__(self, kv: PagedKV, tiers: TieredCache, disk_dir: Path | str | None = None):
         self.kv = kv
-        self.host = host
-        self.disk = disk
-        self.disk_write_through = disk_write_through
+        self.tiers = tiers
+        self.host: HostStore | None = None
+        self.disk: DiskStore | None = None
+        host_spec = tiers.config.host
+        if host_spec is not None:
+            self.host = HostStore(kv.block_shape, host_spec.capacity_blocks)
+        if tiers.config.disk is not None:
+            if disk_dir is None:
+                raise ConfigError("a disk tier needs a directory for its block files")
+            self.disk = DiskStore(disk_dir)
         self._device_block: dict[BlockHash, int] = {}
-        self.num_offloaded_blocks = {Tier.HOST: 0, Tier.DISK: 0}
+        self.failed: set[BlockHash] = set()
+        self.uncomputed: set[BlockHash] = set()  # on the device, KV not written yet
+        self.pending: list[tuple[BlockHash, Tier]] = []
+        self.num_written_blocks = {Tier.HOST: 0, Tier.DISK: 0}
         self.num_reloaded_blocks = {Tier.HOST: 0, Tier.DISK: 0}
         self.num_corrupt_blocks = 0
-
-    # TreeListener: called by the cache inside insert / evict
-    def stored(self, node: Node, hashes: BlockHashes) -> None:
-        for block_hash, block_id in zip(hashes.tolist(), node.blocks, strict=True):
-            self._device_block[block_hash] = block_id
-
-    def removed(self, node: Node, hashes: BlockHashes) -> None:
-        for block_hash in hashes.tolist():
-            block_id = self._device_block.pop(block_hash, None)
-            if block_id is not None:  # None: cached before this observer was attached
-                self.offload(block_hash, self.kv.block(block_id))
+        tiers.device.add_observer(_DeviceSlots(self))
+        for tier, cache in tiers.lower:
+            cache.add_observer(_LowerBytes(self, tier))
+        tiers.add_mover(self.move)
 
     def device_block(self, block_hash: BlockHash) -> int | None:
         return self._device_block.get(block_hash)
 
-    def offload(self, block_hash: BlockHash, kv: torch.Tensor) -> None:
-        if self.host is not None:
-            if block_hash not in self.host and (not self.host.is_full() or self.demote_host(1)):
-                self.host.put(block_hash, kv)
-                self.num_offloaded_blocks[Tier.HOST] += 1
-            if self.disk is None or not (self.disk_write_through or block_hash not in self.host):
-                return
-        if self.disk is not None and block_hash not in self.disk:
-            self.disk.save(block_hash, kv)
-            self.num_offloaded_blocks[Tier.DISK] += 1
-
-    def demote_host(self, num_blocks: int) -> int:
-        """Moves the host's least recently used blocks to disk (or drops them); returns how many."""
-        moved = 0
-        while moved < num_blocks and self.host is not None:
-            popped = self.host.pop_lru()
-            if popped is None:
-                break
-            block_hash, kv = popped
-            if self.disk is not None and block_hash not in self.disk:
-                self.disk.save(block_hash, kv)
-                self.num_offloaded_blocks[Tier.DISK] += 1
-            moved += 1
-        return moved
-
-    def locate(self, block_hash: BlockHash) -> Tier | None:
-        """The fastest lower tier holding ``block_hash`` (the device is the cache's business)."""
-        if self.host is not None and block_hash in self.host:
-            return Tier.HOST
-        if self.disk is not None and block_hash in self.disk:
-            return Tier.DISK
-        return None
-
-    def lower_run(self, hashes: Sequence[BlockHash]) -> list[Tier]:
-        """The tier of each block of the leading run of ``hashes`` held below the device
-        (nothing is read or locked)."""
-        run: list[Tier] = []
-        for block_hash in hashes:
-            tier = self.locate(block_hash)
-            if tier is None:
-                break
-            run.append(tier)
-        return run
-
-    def plan_reload(self, hashes: Sequence[BlockHash]) -> list[Reload]:
-        """The leading run of ``hashes`` held in a lower tier. Host blocks are locked until
-        ``write_reload`` or ``cancel_reload``; disk blocks are read and checksum-verified now.
-        A corrupt disk block is dropped, counted, and ends the run (it will be recomputed)."""
-        plan: list[Reload] = []
-        for block_hash in hashes:
-            if self.host is not None and block_hash in self.host:
-                self.host.lock(block_hash)
-                plan.append(Reload(block_hash, Tier.HOST, None))
+    def move(self, move: TierMove) -> None:
+        for block_hash in move.hashes:
+            if move.src is Tier.DEVICE and (
+                block_hash in self.uncomputed or block_hash not in self._device_block
+            ):
+                self.pending.append((block_hash, move.dst))
                 continue
-            if self.disk is None:
-                break
-            try:
-                loaded = self.disk.load(block_hash)
-            except CorruptBlockError:
-                self.num_corrupt_blocks += 1
-                self.disk.drop(block_hash)
-                break
-            if loaded is None:
-                break
-            plan.append(Reload(block_hash, Tier.DISK, loaded))
-        return plan
+            kv = self._read(block_hash, move.src)
+            if move.dst is Tier.DEVICE:
+                slot = self._device_block.get(block_hash)
+                if kv is None or slot is None:
+                    self.failed.add(block_hash)
+                    continue
+                self.kv.write(slot, kv)
+                self.computed(block_hash)
+                self.num_reloaded_blocks[move.src] += 1
+            elif kv is not None:
+                self._write(block_hash, move.dst, kv)
 
-    def write_reload(self, plan: Sequence[Reload], block_ids: Sequence[int]) -> None:
-        """Copies planned blocks into freshly allocated pool blocks, in order."""
-        for item, block_id in zip(plan, block_ids, strict=True):
-            kv = item.kv
-            if item.tier == Tier.HOST:
-                assert self.host is not None
-                kv = self.host.get(item.block_hash)
-                self.host.unlock(item.block_hash)
-            assert kv is not None, "a locked host block vanished"
-            self.kv.write(block_id, kv)
-            self.num_reloaded_blocks[item.tier] += 1
+    def computed(self, block_hash: BlockHash) -> None:
+        """The block's device slot now holds its KV."""
+        self.failed.discard(block_hash)
+        self.uncomputed.discard(block_hash)
 
-    def cancel_reload(self, plan: Sequence[Reload]) -> None:
-        if self.host is not None:
-            for item in plan:
-                self.host.unlock(item.block_hash)
+    def flush(self) -> None:
+        """Carries out the copies down that waited for their blocks' KV. One whose block left
+        the device uncomputed is skipped: its lower tier then holds no bytes for it, and a
+        reload of it fails over to recomputing."""
+        pending, self.pending = self.pending, []
+        for block_hash, dst in pending:
+            slot = self._device_block.get(block_hash)
+            if slot is not None and block_hash not in self.uncomputed:
+                self._write(block_hash, dst, self.kv.block(slot))
+
+    def _read(self, block_hash: BlockHash, tier: Tier) -> torch.Tensor | None:
+        if tier is Tier.DEVICE:
+            slot = self._device_block.get(block_hash)
+            return None if slot is None else self.kv.block(slot)
+        if tier is Tier.HOST and self.host is not None:
+            kv = self.host.get(block_hash)
+            if kv is not None:
+                return kv
+        # The host may have spilled the block to disk within the same operation.
+        if self.disk is None:
+            return None
+        try:
+            return self.disk.load(block_hash)
+        except CorruptBlockError:
+            self.num_corrupt_blocks += 1
+            self.disk.drop(block_hash)
+            return None
+
+    def _write(self, block_hash: BlockHash, tier: Tier, kv: torch.Tensor) -> None:
+        if tier is Tier.HOST:
+            assert self.host is not None
+            self.host.put(block_hash, kv)
+        else:
+            assert self.disk is not None
+            self.disk.save(block_hash, kv)
+        self.num_written_blocks[tier] += 1
+
+    def forget(self, block_hash: BlockHash, tier: Tier) -> None:
+        if tier is Tier.HOST and self.host is not None:
+            self.host.drop(block_hash)
+        elif tier is Tier.DISK and self.disk is not None:
+            self.disk.drop(block_hash)
+
+
+class _DeviceSlots:
+    """Device tier observer: which pool slot holds each cached block."""
+
+    def __init__(self, mover: TensorMover) -> None:
+        self.slots = mover._device_block
+        self.failed = mover.failed
+        self.uncomputed = mover.uncomputed
+
+    def stored(self, node: Node, hashes: BlockHashes) -> None:
+        # A stored run is the tail of its node (a new leaf is all of it).
+        blocks = node.blocks[len(node.blocks) - len(hashes) :]
+        for block_hash, block_id in zip(hashes.tolist(), blocks, strict=True):
+            self.slots[block_hash] = block_id
+            self.uncomputed.add(block_hash)
+
+    def removed(self, node: Node, hashes: BlockHashes) -> None:
+        for block_hash in hashes.tolist():
+            self.slots.pop(block_hash, None)
+            self.failed.discard(block_hash)
+            self.uncomputed.discard(block_hash)
+
+
+class _LowerBytes:
+    """Host or disk tier observer: a block the tier evicts loses its bytes (after the cache's
+    own observer has written it further down)."""
+
+    def __init__(self, mover: TensorMover, tier: Tier) -> None:
+        self.mover = mover
+        self.tier = tier
+
+    def stored(self, node: Node, hashes: BlockHashes) -> None:
+        pass
+
+    def removed(self, node: Node, hashes: BlockHashes) -> None:
+        for block_hash in hashes.tolist():
+            self.mover.forget(block_hash, self.tier)
 
 
 def block_checksum(kv: torch.Tensor) -> int:

@@ -1,30 +1,31 @@
-"""Runs a llama model on a paged KV cache managed by kvtide's core KVCache.
+"""Runs a llama model on a paged KV cache whose tiers are kvtide's ``TieredCache``.
 
-A prompt's full blocks are hashed with the core's chained hashes. ``prefill`` reuses the device
-blocks the cache matches, reloads the blocks that follow from the host or disk tier (all of
-them, the first ``max_reload_blocks``, or as many as the cost model's reload / recompute /
-split decision says when the runner has one), computes the rest, and stores the new full
-blocks in pool blocks the cache allocates. The partial last block is always recomputed, never
-cached; a fully cached prompt still recomputes its last block so that there is a token to take
-logits from.
+A prompt's full blocks are hashed with the core's chained hashes. ``prefill`` looks them up
+across the tiers through ``TieredCache.access``, the same call the simulator makes: it counts
+the device hits, decides (by its cost model) how much of a lower-tier hit to reload, stores the
+prompt on the device, and writes evicted blocks down through its admission filters. A
+``TensorMover`` carries each of those moves out on real bytes as it is decided; the runner then
+computes everything after the usable prefix and writes the new blocks' KV into their pool
+slots. The partial last block is always recomputed, never cached; a fully cached prompt still
+recomputes its last block so that there is a token to take logits from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from kvtide.core.cache import KVCache
-from kvtide.core.hashing import BlockHashes, Namespace, hash_tokens
+from kvtide.core.hashing import Namespace, hash_tokens
 from kvtide.core.node import Node
-from kvtide.core.tiers import OnboardCost
+from kvtide.core.tiers import TieredAccess, TieredCache
 from kvtide.tensors.model import LlamaModel
-from kvtide.tensors.offload import DiskStore, HostStore, Offloader
+from kvtide.tensors.offload import TensorMover
 from kvtide.tensors.paged_kv import PagedKV, PagedPast
-from kvtide.types import Tier
+from kvtide.types import BlockHash, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,110 +70,86 @@ class Generation:
 
 
 class PagedRunner:
-    """One model, one paged KV tensor sized to the cache's pool, optional host and disk tiers."""
+    """One model, one paged KV tensor sized to the device tier's pool, and the lower tiers'
+    bytes kept in step with ``tiers`` by a ``TensorMover`` (disk files under ``disk_dir``)."""
 
     def __init__(
         self,
         model: LlamaModel,
-        cache: KVCache,
+        tiers: TieredCache,
         namespace: Namespace,
         *,
-        host: HostStore | None = None,
-        disk: DiskStore | None = None,
-        disk_write_through: bool = False,
-        onboard: OnboardCost | None = None,
+        disk_dir: Path | str | None = None,
     ) -> None:
         self.model = model
-        self.onboard = onboard
-        self.cache = cache
-        self.block_tokens = cache.config.block_tokens
-        self.kv = PagedKV(model.config, cache.pool.num_blocks, self.block_tokens, model.device)
-        self.offloader = Offloader(self.kv, host, disk, disk_write_through=disk_write_through)
-        cache.add_observer(self.offloader)
+        self.tiers = tiers
+        self.cache = tiers.device
+        self.block_tokens = tiers.block_tokens
+        self.kv = PagedKV(model.config, self.cache.pool.num_blocks, self.block_tokens, model.device)
+        self.mover = TensorMover(self.kv, tiers, disk_dir)
         self.seed = namespace.seed
 
-    def prefill(
-        self,
-        token_ids: Sequence[int],
-        *,
-        max_reload_blocks: int | None = None,
-        all_logits: bool = False,
-    ) -> Prefill:
+    def prefill(self, token_ids: Sequence[int], *, all_logits: bool = False) -> Prefill:
         """Computes a prompt on top of whatever prefix the tiers hold. The caller owns the
         returned sequence's lock and must ``release`` it (``generate`` does)."""
         ids = list(token_ids)
         if not ids:
             raise ValueError("prefill needs at least one token")
         bt = self.block_tokens
-        cache = self.cache
         hashes = hash_tokens(np.asarray(ids, dtype=np.int64), bt, self.seed)
         usable = min(len(hashes), (len(ids) - 1) // bt)
-        match = cache.match(hashes[:usable])
-        handle = match.handle
-        cache.lock(handle)
-        device_blocks = match.num_blocks
-
-        limit = usable - device_blocks
-        if max_reload_blocks is not None:
-            limit = min(limit, max(max_reload_blocks, 0))
-        elif self.onboard is not None:
-            limit = min(limit, self._decide_reload_blocks(hashes, device_blocks, usable, len(ids)))
-        plan = self.offloader.plan_reload(hashes[device_blocks : device_blocks + limit])
-        prefix_ids = match.block_ids
-        if plan:
-            access = cache.insert(hashes[: device_blocks + len(plan)], match=match)
-            cache.lock(access.handle)
-            cache.unlock(handle)
-            handle = access.handle
-            prefix_ids = access.block_ids
-            fitted = len(prefix_ids) - device_blocks
-            self.offloader.write_reload(plan[:fitted], prefix_ids[device_blocks:])
-            self.offloader.cancel_reload(plan[fitted:])
-            plan = plan[:fitted]
-        reloaded = {tier: sum(r.tier == tier for r in plan) * bt for tier in (Tier.HOST, Tier.DISK)}
-
-        past = PagedPast(self.kv, prefix_ids)
-        start = past.num_tokens
+        access = self.tiers.access(hashes[:usable], len(ids), lock=True)
+        prefix = self._valid_prefix(hashes.tolist(), access)
+        path_ids = access.block_ids
+        start = prefix * bt
+        past = PagedPast(self.kv, path_ids[:prefix])
         out = self.model.forward(ids[start:], past, all_logits=all_logits)
 
-        stored = cache.insert(hashes)
-        cache.lock(stored.handle)
-        cache.unlock(handle)
+        stored = self.cache.insert(hashes)  # the last block of a block-aligned prompt
+        self.cache.lock(stored.handle)
+        self.cache.unlock(access.handle)
         all_ids = stored.block_ids
-        first_new = len(all_ids) - stored.new_blocks
-        for j in range(first_new, len(all_ids)):
+        mover = self.mover
+        for j in range(prefix, len(all_ids)):
             offset = j * bt - start
             self.kv.write(all_ids[j], out.kv[:, :, :, offset : offset + bt])
+            mover.computed(hashes[j])
+        if mover.pending:
+            mover.flush()
         tail_from = len(all_ids) * bt - start
         tail = out.kv[:, :, :, tail_from:] if tail_from < out.kv.shape[3] else None
         sequence = ActiveSequence(ids, PagedPast(self.kv, all_ids, tail), stored.handle)
+        device = min(access.device_blocks, prefix)
+        host = min(access.reload_blocks[Tier.HOST], prefix - device)
+        disk = min(access.reload_blocks[Tier.DISK], prefix - device - host)
+        reloaded = sum(access.reload_blocks.values())
         stats = PrefillStats(
             prompt_tokens=len(ids),
-            device_hit_tokens=device_blocks * bt,
-            host_reload_tokens=reloaded[Tier.HOST],
-            disk_reload_tokens=reloaded[Tier.DISK],
+            device_hit_tokens=device * bt,
+            host_reload_tokens=host * bt,
+            disk_reload_tokens=disk * bt,
             computed_tokens=len(ids) - start,
-            stored_blocks=stored.new_blocks,
+            stored_blocks=access.new_blocks - reloaded + stored.new_blocks,
         )
         logits = out.logits if all_logits else out.logits[-1]
         return Prefill(logits, stats, sequence)
 
-    def _decide_reload_blocks(
-        self, hashes: BlockHashes, device_blocks: int, usable: int, prompt_tokens: int
-    ) -> int:
-        """Blocks to reload by the cost model: reload, recompute or split. A run spanning host
-        and disk is costed as if all on its slowest tier."""
-        assert self.onboard is not None
-        run = self.offloader.lower_run(hashes[device_blocks:usable])
-        if not run:
-            return 0
-        bt = self.block_tokens
-        in_tier = len(run) * bt
-        new_tokens = prompt_tokens - device_blocks * bt - in_tier
-        decision = self.onboard.decide_onboard(
-            in_tier, max(run), new_tokens, block_tokens=bt, with_break_even=False
-        )
-        return decision.reload_tokens // bt
+    def _valid_prefix(self, hashes: Sequence[BlockHash], access: TieredAccess) -> int:
+        """Blocks whose KV is in place: device hits and reloads, up to the first block the
+        mover could not fill (a corrupt disk file) and no further than the device stored."""
+        prefix = min(access.usable_blocks, access.cached_blocks)
+        failed = self.mover.failed
+        if failed:
+            for i in range(prefix):
+                if hashes[i] in failed:
+                    return i
+        return prefix
+
+    def prefetch(self, token_ids: Sequence[int]) -> dict[Tier, int]:
+        """Copies the lower-tier part of a prompt's cached prefix onto the device ahead of its
+        request (``TieredCache.prefetch``); returns the blocks moved from each tier."""
+        ids = np.asarray(list(token_ids), dtype=np.int64)
+        return self.tiers.prefetch(hash_tokens(ids, self.block_tokens, self.seed))
 
     def decode(self, sequence: ActiveSequence, token_id: int) -> torch.Tensor:
         """Appends one token and returns the logits [vocab] after it (its KV stays in the tail)."""
@@ -192,10 +169,9 @@ class PagedRunner:
         max_new_tokens: int,
         *,
         eos_id: int | None = None,
-        max_reload_blocks: int | None = None,
     ) -> Generation:
         """Greedy decoding; stops after ``max_new_tokens`` or at ``eos_id`` (kept in the output)."""
-        prefill = self.prefill(token_ids, max_reload_blocks=max_reload_blocks)
+        prefill = self.prefill(token_ids)
         sequence = prefill.sequence
         out: list[int] = []
         steps: list[torch.Tensor] = []
@@ -213,5 +189,5 @@ class PagedRunner:
         return Generation(out, prefill.stats, prefill.logits, steps)
 
     def evict_device(self, num_blocks: int) -> int:
-        """Evicts unlocked device blocks (by the cache's policy); they go down a tier."""
+        """Evicts unlocked device blocks (by the device policy); the tiers write them down."""
         return self.cache.evict(num_blocks)

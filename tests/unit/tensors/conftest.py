@@ -1,4 +1,4 @@
-"""Fixtures for the real-tensor tests: a tiny random llama, a paged runner on a core KVCache.
+"""Fixtures for the real-tensor tests: a tiny random llama, a paged runner on core tiers.
 
 Skips the whole directory when PyTorch (the 'torch' extra) is not installed.
 """
@@ -12,12 +12,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvtide.core.cache import CacheConfig, KVCache  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
-from kvtide.core.tiers import OnboardCost  # noqa: E402
+from kvtide.core.tiers import (  # noqa: E402
+    OnboardCost,
+    TieredCache,
+    TieredCacheConfig,
+    TierSpec,
+    WriteMode,
+)
 from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf  # noqa: E402
 from kvtide.tensors.model import LlamaConfig, LlamaModel  # noqa: E402
-from kvtide.tensors.offload import DiskStore, HostStore  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
 
 BLOCK_TOKENS = 4
@@ -50,27 +54,23 @@ def make_runner(tiny_model: LlamaModel, tmp_path: Path) -> RunnerFactory:
     def make(
         capacity_blocks: int = 64,
         host_blocks: int | None = None,
-        disk: bool = False,
-        disk_write_through: bool = False,
+        disk_blocks: int | None = None,
         onboard: OnboardCost | None = None,
+        host_admission: str = "none",
+        write_mode: str = "write-back",
     ) -> PagedRunner:
-        cache = KVCache(CacheConfig(capacity_blocks=capacity_blocks, block_tokens=BLOCK_TOKENS))
-        host = (
-            HostStore(
-                (TINY.num_layers, 2, TINY.num_kv_heads, BLOCK_TOKENS, TINY.head_dim), host_blocks
-            )
-            if host_blocks
-            else None
+        tiers = TieredCache(
+            TieredCacheConfig(
+                device=TierSpec(capacity_blocks),
+                host=TierSpec(host_blocks, admission=host_admission) if host_blocks else None,
+                disk=TierSpec(disk_blocks) if disk_blocks else None,
+                block_tokens=BLOCK_TOKENS,
+                write_mode=WriteMode(write_mode),
+            ),
+            cost=onboard,
         )
-        store = DiskStore(tmp_path / "kv") if disk else None
         return PagedRunner(
-            tiny_model,
-            cache,
-            Namespace(model="tiny-llama"),
-            host=host,
-            disk=store,
-            disk_write_through=disk_write_through,
-            onboard=onboard,
+            tiny_model, tiers, Namespace(model="tiny-llama"), disk_dir=tmp_path / "kv"
         )
 
     return make

@@ -1,4 +1,4 @@
-"""Host and disk block stores: LRU order, locks, checksums, corruption detection."""
+"""Host and disk block stores: slots by hash, checksums, corruption detection."""
 
 from __future__ import annotations
 
@@ -21,20 +21,20 @@ def block(seed: int) -> torch.Tensor:
     return torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed))
 
 
-def test_host_store_evicts_least_recently_used_unlocked_block() -> None:
+def test_host_store_keeps_blocks_by_hash_in_a_fixed_slab() -> None:
     host = HostStore(SHAPE, capacity_blocks=3)
     for h in (1, 2, 3):
         host.put(BlockHash(h), block(h))
-    assert host.is_full()
-    assert host.get(BlockHash(1)) is not None  # 1 is now the most recent
-    host.lock(BlockHash(2))
-    popped = host.pop_lru()
-    assert popped is not None and popped[0] == 3  # 2 is locked, so 3 goes first
-    host.unlock(BlockHash(2))
-    popped = host.pop_lru()
-    assert popped is not None and popped[0] == 2
-    assert host.num_blocks == 1 and BlockHash(1) in host
-    assert torch.equal(host.get(BlockHash(1)), block(1))  # type: ignore[arg-type]
+    assert host.num_blocks == 3
+    with pytest.raises(ConfigError, match="full"):
+        host.put(BlockHash(4), block(4))
+    host.put(BlockHash(2), block(5))  # overwriting needs no new slot
+    host.drop(BlockHash(1))
+    assert BlockHash(1) not in host and host.get(BlockHash(1)) is None
+    host.put(BlockHash(4), block(4))  # the freed slot is reused
+    assert torch.equal(host.get(BlockHash(2)), block(5))  # type: ignore[arg-type]
+    assert torch.equal(host.get(BlockHash(3)), block(3))  # type: ignore[arg-type]
+    assert torch.equal(host.get(BlockHash(4)), block(4))  # type: ignore[arg-type]
 
 
 def test_host_store_refuses_zero_capacity() -> None:

@@ -11,12 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvtide.core.cache import CacheConfig, KVCache  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
+from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec  # noqa: E402
 from kvtide.tensors.gguf_loader import GgufModel, build_tokenizer  # noqa: E402
 from kvtide.tensors.model import ContiguousKV, LlamaModel  # noqa: E402
-from kvtide.tensors.offload import HostStore  # noqa: E402
-from kvtide.tensors.paged_kv import PagedKV  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
 from kvtide.tensors.tokenizer import ChatMessage, default_system_prompt, render_chat  # noqa: E402
 
@@ -61,11 +59,9 @@ def test_greedy_answer_is_the_same_with_and_without_the_cache(smollm2: GgufModel
     expected, expected_logits = greedy_without_cache(model, france)
     assert "Paris" in tok.decode(expected)
 
-    cache = KVCache(CacheConfig(capacity_blocks=32, block_tokens=16))
-    shape = PagedKV(smollm2.config, 1, 16).block_shape
-    runner = PagedRunner(
-        model, cache, Namespace(model=smollm2.name), host=HostStore(shape, capacity_blocks=32)
-    )
+    tiers = TieredCache(TieredCacheConfig(device=TierSpec(32), host=TierSpec(32), block_tokens=16))
+    runner = PagedRunner(model, tiers, Namespace(model=smollm2.name))
+    cache = runner.cache
     cold = runner.generate(france, NEW_TOKENS)
     assert cold.prefill.reused_tokens == 0
     device_hit = runner.generate(france, NEW_TOKENS)
