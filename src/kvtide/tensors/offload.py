@@ -175,7 +175,7 @@ class TensorMover:
 
     The device stores a prompt's blocks before the model computes them, so a copy down of a
     block not computed yet (write-through) waits in ``pending`` until the runner has written
-    its KV and calls ``flush``.
+    its KV and calls ``flush``; copies further down of such a block follow its bytes.
     """
 
     def __init__(self, kv: PagedKV, tiers: TieredCache, disk_dir: Path | str | None = None):
@@ -193,7 +193,9 @@ class TensorMover:
         self._device_block: dict[BlockHash, int] = {}
         self.failed: set[BlockHash] = set()
         self.uncomputed: set[BlockHash] = set()  # on the device, KV not written yet
-        self.pending: list[tuple[BlockHash, Tier]] = []
+        self.pending: list[tuple[BlockHash, Tier]] = []  # device blocks to copy to a tier
+        self._waiting: dict[tuple[BlockHash, Tier], list[Tier]] = {}
+        self._indexed: dict[Tier, set[BlockHash]] = {t: set() for t, _ in tiers.lower}
         self.num_written_blocks = {Tier.HOST: 0, Tier.DISK: 0}
         self.num_reloaded_blocks = {Tier.HOST: 0, Tier.DISK: 0}
         self.num_corrupt_blocks = 0
@@ -206,23 +208,30 @@ class TensorMover:
         return self._device_block.get(block_hash)
 
     def move(self, move: TierMove) -> None:
+        src, dst = move.src, move.dst
         for block_hash in move.hashes:
-            if move.src is Tier.DEVICE and (
+            if src is Tier.DEVICE and (
                 block_hash in self.uncomputed or block_hash not in self._device_block
             ):
-                self.pending.append((block_hash, move.dst))
+                # A write-through copy of a block the prefill has not computed yet.
+                self.pending.append((block_hash, dst))
                 continue
-            kv = self._read(block_hash, move.src)
-            if move.dst is Tier.DEVICE:
+            kv = self._read(block_hash, src)
+            if dst is Tier.DEVICE:
                 slot = self._device_block.get(block_hash)
                 if kv is None or slot is None:
                     self.failed.add(block_hash)
                     continue
                 self.kv.write(slot, kv)
                 self.computed(block_hash)
-                self.num_reloaded_blocks[move.src] += 1
+                self.num_reloaded_blocks[src] += 1
             elif kv is not None:
-                self._write(block_hash, move.dst, kv)
+                self._write(block_hash, dst, kv)
+            else:
+                # A copy further down of a block whose bytes are still on their way into
+                # ``src`` (the host's write-through runs before the copy into the host is even
+                # decided): it follows them as soon as they land.
+                self._waiting.setdefault((block_hash, src), []).append(dst)
 
     def computed(self, block_hash: BlockHash) -> None:
         """The block's device slot now holds its KV."""
@@ -231,13 +240,14 @@ class TensorMover:
 
     def flush(self) -> None:
         """Carries out the copies down that waited for their blocks' KV. One whose block left
-        the device uncomputed is skipped: its lower tier then holds no bytes for it, and a
-        reload of it fails over to recomputing."""
+        the device uncomputed, or whose tier dropped it meanwhile, is skipped: that tier then
+        holds no bytes for it, and a reload of it fails over to recomputing."""
         pending, self.pending = self.pending, []
         for block_hash, dst in pending:
             slot = self._device_block.get(block_hash)
             if slot is not None and block_hash not in self.uncomputed:
                 self._write(block_hash, dst, self.kv.block(slot))
+        self._waiting.clear()
 
     def _read(self, block_hash: BlockHash, tier: Tier) -> torch.Tensor | None:
         if tier is Tier.DEVICE:
@@ -258,6 +268,8 @@ class TensorMover:
             return None
 
     def _write(self, block_hash: BlockHash, tier: Tier, kv: torch.Tensor) -> None:
+        if block_hash not in self._indexed[tier]:
+            return  # the tier evicted it again before its bytes were ready
         if tier is Tier.HOST:
             assert self.host is not None
             self.host.put(block_hash, kv)
@@ -265,6 +277,8 @@ class TensorMover:
             assert self.disk is not None
             self.disk.save(block_hash, kv)
         self.num_written_blocks[tier] += 1
+        for dst in self._waiting.pop((block_hash, tier), ()):
+            self._write(block_hash, dst, kv)
 
     def forget(self, block_hash: BlockHash, tier: Tier) -> None:
         if tier is Tier.HOST and self.host is not None:
@@ -304,10 +318,12 @@ class _LowerBytes:
         self.tier = tier
 
     def stored(self, node: Node, hashes: BlockHashes) -> None:
-        pass
+        self.mover._indexed[self.tier].update(hashes.tolist())
 
     def removed(self, node: Node, hashes: BlockHashes) -> None:
+        indexed = self.mover._indexed[self.tier]
         for block_hash in hashes.tolist():
+            indexed.discard(block_hash)
             self.mover.forget(block_hash, self.tier)
 
 
