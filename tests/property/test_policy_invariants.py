@@ -1,6 +1,6 @@
 """Invariants of the cache under every registered eviction policy (hypothesis).
 
-Random accesses, locks, pins, explicit evictions, time, two salted tenants with or without
+Random accesses, locks, pins, explicit evictions, discards, time, two salted tenants with or without
 quotas: prefix closure, no locked or pinned block evicted, capacity, pool consistency, no hit
 across namespaces, and each policy's own bookkeeping agreeing with the tree.
 """
@@ -22,7 +22,7 @@ SALTS = {"a": Namespace(tenant_salt=b"salt-a").seed, "b": Namespace(tenant_salt=
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["access", "access", "lock", "unlock", "pin", "tick", "evict"]),
+        st.sampled_from(["access", "access", "lock", "unlock", "pin", "tick", "evict", "discard"]),
         st.lists(st.integers(0, 2), min_size=1, max_size=10),
         st.sampled_from(["a", "b"]),
     ),
@@ -86,6 +86,12 @@ def test_invariants_hold_under_every_policy(
             cache.unlock(locked.pop(0).handle)
         elif op == "evict":
             cache.evict(len(tokens))
+        elif op == "discard":  # drop a block (and what hangs below it) as if found corrupt
+            k = 1 + sum(tokens) % len(hashes)
+            cache.discard(hashes[:k])
+            handle = cache.tree.match(hashes[:k], touch=False)[0]
+            if handle.end_depth == k:
+                assert handle.lock_ref > 0, "an unlocked discarded block is still cached"
         else:
             got = cache.access(hashes, len(tokens), tenant=tenant, lock=op == "lock")
             hit = hashes[: got.hit_blocks].tolist()

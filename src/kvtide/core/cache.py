@@ -278,6 +278,11 @@ class KVCache:
     def evict(self, num_blocks: int) -> int:
         return self.tree.evict(num_blocks)
 
+    def discard(self, hashes: Sequence[BlockHash]) -> int:
+        """Drops the last block of the path ``hashes`` and every block cached below it (a
+        stored copy found corrupt); blocks in use stay. Returns the blocks removed."""
+        return self.tree.remove(hashes)
+
     def clear(self) -> None:
         self.tree.clear()
         if self._recorder.events is not None:

@@ -313,6 +313,44 @@ class RadixTree:
             self.policy_for(parent).on_evictable(parent)
         return k
 
+    def remove(self, hashes: Sequence[int]) -> int:
+        """Drops the last block of ``hashes`` and every block cached below it (a copy known to
+        be bad), as evictions; blocks in use stay. ``hashes`` is a path from the root, cached
+        up to its last block (otherwise nothing happens). Recency is left as it was. Returns
+        the blocks removed."""
+        raw = as_block_hashes(hashes).raw
+        target = len(raw) - 8  # byte offset of the block to drop
+        if target < 0:
+            return 0
+        node, p = self.root, 0
+        while True:
+            child = node.children.get(raw[p : p + 8])
+            if child is None:
+                return 0
+            kl = len(child.key)
+            common = _common_blocks(child.key, raw, p) << 3
+            if p + kl > target:  # the block lies in this child
+                if common < target - p + 8:
+                    return 0
+                if target > p:
+                    child = self._split(child, (target - p) >> 3).children[raw[target : target + 8]]
+                break
+            if common < kl:
+                return 0
+            node, p = child, p + kl
+        subtree: list[Node] = []
+        stack = [child]
+        while stack:
+            n = stack.pop()
+            subtree.append(n)
+            stack.extend(n.children.values())
+        removed = 0
+        for n in reversed(subtree):  # children before their parents
+            if n.lock_ref == 0 and not n.children and n.parent is not None:
+                self.policy_for(n).on_unevictable(n)  # out of the policy's queues first
+                removed += self._trim(n, n.num_blocks)
+        return removed
+
     def clear(self) -> None:
         """Drops every unlocked block."""
         self.evict(self.num_cached_blocks)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -232,6 +233,19 @@ class TensorMover:
                 # ``src`` (the host's write-through runs before the copy into the host is even
                 # decided): it follows them as soon as they land.
                 self._waiting.setdefault((block_hash, src), []).append(dst)
+
+    def discard_unreadable(self, path: Sequence[BlockHash]) -> None:
+        """Drops the last block of ``path`` (with what is cached below it) from each lower
+        tier that indexes it without holding its bytes (a corrupt file), so that no later
+        lookup counts it as cached."""
+        block_hash = path[-1]
+        for tier, cache in self.tiers.lower:
+            if block_hash in self._indexed[tier] and not self._holds(block_hash, tier):
+                cache.discard(path)
+
+    def _holds(self, block_hash: BlockHash, tier: Tier) -> bool:
+        store = self.host if tier is Tier.HOST else self.disk
+        return store is not None and block_hash in store
 
     def computed(self, block_hash: BlockHash) -> None:
         """The block's device slot now holds its KV."""

@@ -136,12 +136,14 @@ class PagedRunner:
 
     def _valid_prefix(self, hashes: Sequence[BlockHash], access: TieredAccess) -> int:
         """Blocks whose KV is in place: device hits and reloads, up to the first block the
-        mover could not fill (a corrupt disk file) and no further than the device stored."""
+        mover could not fill (a corrupt disk file, then dropped from the tier that indexed it)
+        and no further than the device stored."""
         prefix = min(access.usable_blocks, access.cached_blocks)
         failed = self.mover.failed
         if failed:
             for i in range(prefix):
                 if hashes[i] in failed:
+                    self.mover.discard_unreadable(hashes[: i + 1])
                     return i
         return prefix
 

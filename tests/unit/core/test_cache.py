@@ -225,3 +225,30 @@ def test_the_ghost_forgets_in_generations() -> None:
     assert cache.stats().miss_tokens_evicted == 0  # long forgotten: cold
     cache.access(H(38, 39), 2)  # evicted by the access just above: remembered
     assert cache.stats().miss_tokens_evicted == 2
+
+
+def test_discard_drops_a_block_and_its_subtree_leaving_recency_alone() -> None:
+    cache = make(10)
+    cache.access(H(1, 2, 3, 4), 4)
+    cache.access(H(1, 2, 3, 9), 4)
+    cache.access(H(5, 6), 2)  # the most recent path
+    cache.take_events()
+    assert cache.discard(H(1, 2)) == 4  # block 2 lies inside a node: split there, then 2-4, 9
+    assert sorted(removed(cache)) == [(2, 3), (4,), (9,)]  # one event per node trimmed
+    assert cache.match(H(1, 2, 3, 4), touch=False).num_blocks == 1
+    assert cache.num_cached_blocks == cache.pool.num_used == 3
+    assert cache.discard(H(7)) == 0 and cache.discard(H(5, 7)) == 0  # not cached: no-op
+    cache.evict(1)  # LRU order is untouched: block 1 (older than 5-6) goes first
+    assert cache.match(H(1), touch=False).num_blocks == 0
+    assert cache.match(H(5, 6), touch=False).num_blocks == 2
+
+
+def test_discard_keeps_blocks_in_use() -> None:
+    cache = make(10)
+    cache.access(H(1, 2, 3), 3)
+    held = cache.access(H(1, 2, 4), 3, lock=True)
+    assert cache.discard(H(1, 2)) == 1  # only block 3: 2 and 4 are on a locked path
+    assert cache.match(H(1, 2, 4), touch=False).num_blocks == 3
+    assert cache.match(H(1, 2, 3), touch=False).num_blocks == 2
+    cache.unlock(held.handle)
+    assert cache.discard(H(1, 2)) == 2

@@ -248,6 +248,9 @@ def test_corrupt_disk_block_is_detected_and_recomputed(make_runner: RunnerFactor
     assert prefill.stats.disk_reload_tokens == 8  # blocks 0 and 1; 2 onwards recomputed
     assert prefill.stats.computed_tokens == 14
     assert hashes[2] not in disk and not path.exists()
+    # The disk tier no longer indexes the corrupt block, nor the blocks below it.
+    assert held(runner, Tier.DISK) == set(hashes[:2])
+    assert_bytes_follow_the_tiers(runner)
     assert torch.allclose(prefill.logits, full_logits(runner.model, PROMPT), atol=ATOL, rtol=RTOL)
     runner.release(prefill.sequence)
     assert not runner.mover.failed  # the recomputed blocks now hold good KV
