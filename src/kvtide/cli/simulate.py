@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
@@ -129,6 +130,20 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
         metavar="N",
         help="host-memory KV tier per replica in tokens (default 0: none)",
     )
+    parser.add_argument(
+        "--host-admission",
+        default="none",
+        choices=sorted(ADMISSION_FILTERS),
+        help="filter on writes into the host tier; seen-twice skips blocks requested once "
+        "(default none)",
+    )
+    parser.add_argument(
+        "--disk-cache-tokens",
+        type=_tokens,
+        default=0,
+        metavar="N",
+        help="disk KV tier per replica in tokens, under the host tier (default 0: none)",
+    )
     parser.add_argument("--model", default="llama-3-8b", metavar="M", help="(default llama-3-8b)")
     parser.add_argument("--gpu", default="h100", metavar="G", help="(default h100)")
     parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel (1)")
@@ -215,6 +230,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         eviction=args.eviction,
         gpu_cache_tokens=args.gpu_cache_tokens,
         host_cache_tokens=args.host_cache_tokens,
+        host_admission=args.host_admission,
+        disk_cache_tokens=args.disk_cache_tokens,
         event_delay_s=args.event_delay,
         event_loss=args.event_loss,
         outages=tuple(parse_outage(o) for o in args.outage),

@@ -1,5 +1,7 @@
 """`kvtide study coordinator`: a global index (centralized, with event lag and a coordinator
-outage) against local hashing and approximate state, under uniform and skewed traffic."""
+outage) against local hashing and approximate state, under uniform and skewed traffic.
+`kvtide study tiers`: how large a host (and disk) tier the fleet needs, and what filtering
+host writes costs."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from kvtide.cli.simulate import (
     scenario_from_args,
     write_text,
 )
+from kvtide.cli.tiers_study import register_tiers
 from kvtide.sim.study import DEFAULT_TRAFFIC, study_points, study_rows
 
 
@@ -65,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     coordinator.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
     coordinator.add_argument("--quiet", action="store_true", help="no progress bar")
     coordinator.set_defaults(func=run_coordinator, workload="builtin:tenants")
+    register_tiers(studies)
 
 
 def run_coordinator(args: argparse.Namespace) -> int:

@@ -74,6 +74,8 @@ class FleetConfig:
     """A host-memory tier per replica under the device (0: none), written back on eviction
     and reloaded as the cost model decides (``kvtide.core.tiers``)."""
     host_admission: str = "none"
+    disk_capacity_blocks: int = 0
+    """A disk tier per replica under the host (or the device), written to as the host is."""
     kv_transfer: bool = False
     """A global KV pool: a replica fetches a longer prefix held by another replica over the
     network when that beats recomputing it (Mooncake's store)."""
@@ -93,8 +95,8 @@ class FleetConfig:
                 raise ConfigError(f"outage of replica {outage.replica}: no such replica")
             if outage.end_s is not None and outage.end_s < outage.start_s:
                 raise ConfigError("an outage must end after it starts")
-        if self.host_capacity_blocks < 0:
-            raise ConfigError("the host tier's capacity must be >= 0")
+        if self.host_capacity_blocks < 0 or self.disk_capacity_blocks < 0:
+            raise ConfigError("a host or disk tier's capacity must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,15 +249,21 @@ class Fleet:
     def _make_replica(
         self, index: int, engine: EngineConfig, timer: IterationTimer, *, is_routed: bool
     ) -> Replica:
-        """A routed replica gets the host tier; a decode replica only its device."""
+        """A routed replica gets the lower tiers; a decode replica only its device."""
         cfg = self.config
-        if cfg.host_capacity_blocks and is_routed:
+        if (cfg.host_capacity_blocks or cfg.disk_capacity_blocks) and is_routed:
+            host = disk = None
+            if cfg.host_capacity_blocks:
+                host = TierSpec(
+                    cfg.host_capacity_blocks, cfg.eviction, admission=cfg.host_admission
+                )
+            if cfg.disk_capacity_blocks:
+                disk = TierSpec(cfg.disk_capacity_blocks, cfg.eviction)
             tiers = TieredCache(
                 TieredCacheConfig(
                     device=TierSpec(cfg.capacity_blocks, cfg.eviction),
-                    host=TierSpec(
-                        cfg.host_capacity_blocks, cfg.eviction, admission=cfg.host_admission
-                    ),
+                    host=host,
+                    disk=disk,
                     block_tokens=cfg.block_tokens,
                     record_events=True,
                     ghost_blocks=0,
@@ -496,9 +504,24 @@ class Fleet:
         by_tier = {Tier.DEVICE.name.lower(): device}
         if self.config.host_capacity_blocks:
             by_tier[Tier.HOST.name.lower()] = host
+        if self.config.disk_capacity_blocks:
+            by_tier[Tier.DISK.name.lower()] = disk
         if self.config.kv_transfer:
             by_tier["remote"] = fetched
         return by_tier
+
+    def written_blocks_by_tier(self) -> dict[str, int]:
+        """Blocks written into each lower tier, all replicas together."""
+        out: dict[str, int] = {}
+        for replica in self.replicas:
+            tiers = replica.engine.tiers
+            if tiers is None:
+                continue
+            for tier, stats in tiers.stats().tiers.items():
+                if tier is not Tier.DEVICE:
+                    name = tier.name.lower()
+                    out[name] = out.get(name, 0) + stats.written_blocks
+        return out
 
     @property
     def busy_s(self) -> Sequence[float]:

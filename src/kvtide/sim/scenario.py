@@ -60,6 +60,9 @@ class Scenario:
     eviction: str = DEFAULT_EVICTION
     gpu_cache_tokens: int = 262_144
     host_cache_tokens: int = 0
+    host_admission: str = "none"
+    """Filter on writes into the host tier (``kvtide.core.admission``: none, seen-twice)."""
+    disk_cache_tokens: int = 0
     event_delay_s: float = 0.0
     event_loss: float = 0.0
     outages: tuple[Outage, ...] = ()
@@ -78,6 +81,8 @@ class Scenario:
             raise ConfigError("the GPU cache needs at least one token")
         if self.host_cache_tokens < 0:
             raise ConfigError("the host cache size must be >= 0")
+        if self.disk_cache_tokens < 0:
+            raise ConfigError("the disk cache size must be >= 0")
 
     def with_(self, **changes: object) -> Scenario:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -165,6 +170,8 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
         "kv_transfer": scenario.kv_transfer,
         "gpu_cache_tokens": scenario.gpu_cache_tokens,
         "host_cache_tokens": scenario.host_cache_tokens,
+        "host_admission": scenario.host_admission,
+        "disk_cache_tokens": scenario.disk_cache_tokens,
         "event_delay_s": scenario.event_delay_s,
         "event_loss": scenario.event_loss,
         "outages": [dataclasses.asdict(o) for o in scenario.outages],
@@ -212,6 +219,8 @@ def run(
         num_decode_replicas=scenario.decode_replicas,
         kv_transfer=scenario.kv_transfer,
         host_capacity_blocks=scenario.host_cache_tokens // block_tokens,
+        host_admission=scenario.host_admission,
+        disk_capacity_blocks=scenario.disk_cache_tokens // block_tokens,
         coordinator_outage=_shifted(scenario.coordinator_outage, requests[0].arrival_s),
         outages=tuple(
             dataclasses.replace(
@@ -295,7 +304,10 @@ def _diagnostics(fleet: Fleet) -> dict[str, float]:
         "resyncs": health.resyncs,
         "max_lag_s": health.max_lag_s,
         "preemptions": sum(r.engine.stats.num_preemptions for r in fleet.replicas),
+        "block_tokens": fleet.config.block_tokens,
     }
+    for tier, blocks in fleet.written_blocks_by_tier().items():
+        out[f"{tier}_writes_blocks"] = blocks
     for reason, count in sorted(fleet.route_reasons.items()):
         out[f"route_{reason}"] = count
     return out

@@ -28,7 +28,7 @@ from kvtide.sim.scenario import RunResult, Scenario
 _ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
 _SCENARIO_KEYS = {f.name for f in dataclasses.fields(Scenario)} - {"engine", "outages"}
 _ALIASES = {"event_delay": "event_delay_s", "decode": "decode_replicas"}
-_TOKEN_KEYS = {"gpu_cache_tokens", "host_cache_tokens", "max_batched_tokens"}
+_TOKEN_KEYS = {"gpu_cache_tokens", "host_cache_tokens", "disk_cache_tokens", "max_batched_tokens"}
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 

@@ -49,6 +49,32 @@ def test_simulate_json_has_exactly_the_contracted_keys(tmp_path: Path) -> None:
     assert doc["workload"]["requests"] == 60
 
 
+def test_lower_tiers_serve_hits_and_the_filter_saves_host_writes(tmp_path: Path) -> None:
+    # A GPU cache far too small for the workload: what the tiers keep shows up as their hits.
+    tiers = ["--gpu-cache-tokens", "16k", "--router", "cost", "--requests", "200"]
+    runs = {}
+    for name, extra in {
+        "gpu": [],
+        "host": ["--host-cache-tokens", "256k"],
+        "disk": ["--disk-cache-tokens", "256k"],
+        "filtered": ["--host-cache-tokens", "256k", "--host-admission", "seen-twice"],
+    }.items():
+        path = tmp_path / f"{name}.json"
+        assert main([*SMALL, *tiers, *extra, "--json", str(path)]) == 0
+        runs[name] = json.loads(path.read_text())["runs"][0]
+    assert set(runs["gpu"]["hit_ratio_by_tier"]) == {"device"}
+    assert set(runs["host"]["hit_ratio_by_tier"]) == {"device", "host"}
+    assert set(runs["disk"]["hit_ratio_by_tier"]) == {"device", "disk"}
+    assert runs["host"]["hit_ratio_by_tier"]["host"] > 0
+    assert runs["disk"]["hit_ratio_by_tier"]["disk"] > 0
+    assert runs["host"]["hit_ratio"] > runs["gpu"]["hit_ratio"]
+    assert (
+        0
+        < runs["filtered"]["hit_ratio_by_tier"]["host"]
+        < runs["host"]["hit_ratio_by_tier"]["host"]
+    )
+
+
 def test_same_seed_gives_byte_identical_json(tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     args = [*SMALL, "--router", "round_robin,random", "--load", "0.8"]

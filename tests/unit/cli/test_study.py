@@ -1,4 +1,4 @@
-"""`kvtide study coordinator` in-process on tiny workloads."""
+"""`kvtide study coordinator` and `kvtide study tiers` in-process on tiny workloads."""
 
 from __future__ import annotations
 
@@ -41,3 +41,59 @@ def test_the_coordinator_study_compares_every_design(
     assert all(r["event_batches_lost"] > 0 for r in down)
     printed = capsys.readouterr().out
     assert "uniform traffic" in printed and "skewed traffic" in printed
+
+
+def test_the_tier_study_runs_each_size_filtered_and_over_a_disk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "tiers.json"
+    argv = [
+        "study",
+        "tiers",
+        "--workload",
+        "builtin:chat:sessions=40,turns=4,duration_s=120,think_s=20",
+        "--replicas",
+        "2",
+        "--gpu-cache-tokens",
+        "8k",
+        "--host-multiples",
+        "0,4",
+        "--disk-multiple",
+        "16",
+        "--quiet",
+        "--jobs",
+        "1",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    rows = {r["design"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == [
+        "GPU only",
+        "host 4×",
+        "host 4× (seen-twice)",
+        "host 4× + disk 16×",
+        "host 4× + disk 16× (seen-twice)",
+    ]
+    gpu, host, filtered = rows["GPU only"], rows["host 4×"], rows["host 4× (seen-twice)"]
+    assert gpu["host_tokens"] == 0 and gpu["host_writes_blocks"] == 0
+    assert host["host_tokens"] == 4 * 8192 and host["host_writes_blocks"] > 0
+    assert host["hit_ratio_by_tier"]["host"] > 0 and host["hit_ratio"] > gpu["hit_ratio"]
+    assert filtered["admission"] == "seen-twice"
+    assert 0 < filtered["filter_write_cut"] < 1
+    assert filtered["host_writes_blocks"] < host["host_writes_blocks"]
+    assert filtered["filter_hit_loss_points"] == pytest.approx(
+        100 * (host["hit_ratio"] - filtered["hit_ratio"])
+    )
+    disk = rows["host 4× + disk 16× (seen-twice)"]
+    assert disk["disk_tokens"] == 16 * 8192 and disk["disk_writes_blocks"] > 0
+    assert host["filter_write_cut"] is None
+    printed = capsys.readouterr().out
+    assert "tier study" in printed and "fewer host writes" in printed
+
+
+def test_the_tier_study_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["study", "tiers", "--host-multiples", "1,x", "--quiet"]) == 2
+    assert main(["study", "tiers", "--host-multiples", "-1", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("kvtide: error:") for line in err)

@@ -1,0 +1,139 @@
+"""`kvtide study tiers`: the fleet at several host tier sizes, with and without a filter on host
+writes, and over a disk tier; hit ratio by tier, TTFT, and the write bandwidth each costs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+from kvtide.cli.simulate import (
+    add_fleet_arguments,
+    make_console,
+    run_with_progress,
+    scenario_from_args,
+    write_text,
+)
+from kvtide.errors import ConfigError
+from kvtide.sim.scenario import prepare
+from kvtide.sim.tier_study import (
+    DEFAULT_DISK_MULTIPLE,
+    DEFAULT_HOST_MULTIPLES,
+    TierRow,
+    tier_designs,
+    tier_findings,
+    tier_rows,
+    tier_scenarios,
+)
+
+
+def register_tiers(studies: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = studies.add_parser(
+        "tiers",
+        help="host and disk tier sizes, and a filter on host writes",
+        description=(
+            "Runs the fleet with a host tier per replica at several multiples of its GPU "
+            "cache, each unfiltered and with the seen-twice filter on host writes, then the "
+            "largest host over a disk tier; reports the hit ratio by tier, TTFT, host and disk "
+            "write bandwidth, and what the filter costs against the same tiers unfiltered. "
+            "--host-cache-tokens, --host-admission and --disk-cache-tokens are set by the study."
+        ),
+    )
+    add_fleet_arguments(parser)
+    parser.set_defaults(replicas=4, load=0.7, gpu_cache_tokens=65_536, router="cost")
+    parser.add_argument(
+        "--router", default="cost", metavar="P", help="routing policy of the fleet (cost)"
+    )
+    parser.add_argument(
+        "--host-multiples",
+        default=",".join(f"{m:g}" for m in DEFAULT_HOST_MULTIPLES),
+        metavar="X[,X...]",
+        help="host tier sizes as multiples of the GPU cache (default 0,1,2,4,8)",
+    )
+    parser.add_argument(
+        "--disk-multiple",
+        type=float,
+        default=DEFAULT_DISK_MULTIPLE,
+        metavar="X",
+        help=f"disk tier under the largest host, × GPU cache (default {DEFAULT_DISK_MULTIPLE:g}; "
+        "0: none)",
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", dest="json_path")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run_tiers)
+
+
+def _multiples(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--host-multiples: not a list of numbers: {text!r}") from None
+
+
+def run_tiers(args: argparse.Namespace) -> int:
+    base = scenario_from_args(args).with_(router=args.router)
+    designs = tier_designs(_multiples(args.host_multiples), args.disk_multiple)
+    prepared = prepare(base)  # validates the workload and model before any process starts
+    scenarios = tier_scenarios(base, designs)
+    console = make_console()
+    console.print(
+        f"tier study: {base.workload} ({len(prepared.requests):,} requests), "
+        f"{base.replicas} × {base.model} on {base.tp} × {base.gpu}, "
+        f"{base.gpu_cache_tokens:,} GPU KV tokens each, router {base.router}, "
+        f"load {base.load}, seed {base.seed}"
+    )
+    results = run_with_progress(
+        scenarios, args.jobs, console, quiet=args.quiet, labels=[d.label[:28] for d in designs]
+    )
+    rows = tier_rows(designs, scenarios, results)
+    console.print(_table(rows))
+    for line in tier_findings(rows):
+        console.print(f"• {line}")
+    if args.json_path is not None:
+        doc = {
+            "workload": base.workload,
+            "gpu_cache_tokens": base.gpu_cache_tokens,
+            "rows": [dataclasses.asdict(r) for r in rows],
+        }
+        write_text(args.json_path, json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+def _table(rows: Sequence[TierRow]) -> Table:
+    table = Table(title="tiers per replica; filter costs against the same tiers unfiltered")
+    for name in (
+        "tiers",
+        "hit ratio",
+        "device",
+        "host",
+        "disk",
+        "TTFT p50",
+        "TTFT p99",
+        "host GB/s",
+        "disk GB/s",
+        "writes cut",
+        "hit lost (pts)",
+    ):
+        table.add_column(name, justify="left" if name == "tiers" else "right")
+    for r in rows:
+        by_tier = r.hit_ratio_by_tier
+        table.add_row(
+            r.design,
+            f"{r.hit_ratio:.1%}",
+            f"{by_tier.get('device', 0.0):.1%}",
+            f"{by_tier['host']:.1%}" if "host" in by_tier else "—",
+            f"{by_tier['disk']:.1%}" if "disk" in by_tier else "—",
+            f"{r.ttft_p50_s:.3f}",
+            f"{r.ttft_p99_s:.3f}",
+            f"{r.host_write_gb_per_s:.2f}" if r.host_tokens else "—",
+            f"{r.disk_write_gb_per_s:.2f}" if r.disk_tokens else "—",
+            "—" if r.filter_write_cut is None else f"{r.filter_write_cut:.0%}",
+            "—" if r.filter_hit_loss_points is None else f"{r.filter_hit_loss_points:.2f}",
+        )
+    return table
