@@ -1,9 +1,9 @@
 """TensorMover on random request streams: the bytes follow the tiers' decisions exactly.
 
 No model: a block's KV is a tensor determined by its hash, written when the "prefill" computes
-it. After every request, each block the request uses without computing (device hit or reload)
-holds its own bytes, and each lower tier's store holds exactly the blocks its index holds, each
-with its own bytes.
+it. After every request (some prefetched first, some followed by a device flush), each block
+the request uses without computing (device hit or reload) holds its own bytes, and each lower
+tier's store holds exactly the blocks its index holds, each with its own bytes.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ requests = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=7), min_siz
     admission=st.sampled_from(["none", "seen-twice"]),
     write_mode=st.sampled_from(list(WriteMode)),
     flush_every=st.integers(0, 4),
+    prefetch_every=st.integers(0, 3),
 )
 def test_bytes_follow_the_tiers(
     tmp_path: Path,
@@ -79,6 +80,7 @@ def test_bytes_follow_the_tiers(
     admission: str,
     write_mode: WriteMode,
     flush_every: int,
+    prefetch_every: int,
 ) -> None:
     tiers = TieredCache(
         TieredCacheConfig(
@@ -95,6 +97,8 @@ def test_bytes_follow_the_tiers(
     for step, path in enumerate(requests):
         hashes = hash_block_ids(path, seed=1)
         ids = hashes.tolist()
+        if prefetch_every and step % prefetch_every == 0:
+            tiers.prefetch(hashes)  # its reloads land in device slots before the request
         access = tiers.access(hashes, len(ids) * BT, lock=True)
         prefix = min(access.usable_blocks, access.cached_blocks)
         slots = access.block_ids
