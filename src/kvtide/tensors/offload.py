@@ -191,7 +191,7 @@ class TensorMover:
             if disk_dir is None:
                 raise ConfigError("a disk tier needs a directory for its block files")
             self.disk = DiskStore(disk_dir)
-        self._device_block: dict[BlockHash, int] = {}
+        self.device_slots: dict[BlockHash, int] = {}  # pool slot of each cached device block
         self.failed: set[BlockHash] = set()
         self.uncomputed: set[BlockHash] = set()  # on the device, KV not written yet
         self.pending: list[tuple[BlockHash, Tier]] = []  # device blocks to copy to a tier
@@ -205,21 +205,18 @@ class TensorMover:
             cache.add_observer(_LowerBytes(self, tier))
         tiers.add_mover(self.move)
 
-    def device_block(self, block_hash: BlockHash) -> int | None:
-        return self._device_block.get(block_hash)
-
     def move(self, move: TierMove) -> None:
         src, dst = move.src, move.dst
         for block_hash in move.hashes:
             if src is Tier.DEVICE and (
-                block_hash in self.uncomputed or block_hash not in self._device_block
+                block_hash in self.uncomputed or block_hash not in self.device_slots
             ):
                 # A write-through copy of a block the prefill has not computed yet.
                 self.pending.append((block_hash, dst))
                 continue
             kv = self._read(block_hash, src)
             if dst is Tier.DEVICE:
-                slot = self._device_block.get(block_hash)
+                slot = self.device_slots.get(block_hash)
                 if kv is None or slot is None:
                     self.failed.add(block_hash)
                     continue
@@ -258,14 +255,14 @@ class TensorMover:
         holds no bytes for it, and a reload of it fails over to recomputing."""
         pending, self.pending = self.pending, []
         for block_hash, dst in pending:
-            slot = self._device_block.get(block_hash)
+            slot = self.device_slots.get(block_hash)
             if slot is not None and block_hash not in self.uncomputed:
                 self._write(block_hash, dst, self.kv.block(slot))
         self._waiting.clear()
 
     def _read(self, block_hash: BlockHash, tier: Tier) -> torch.Tensor | None:
         if tier is Tier.DEVICE:
-            slot = self._device_block.get(block_hash)
+            slot = self.device_slots.get(block_hash)
             return None if slot is None else self.kv.block(slot)
         if tier is Tier.HOST and self.host is not None:
             kv = self.host.get(block_hash)
@@ -305,7 +302,7 @@ class _DeviceSlots:
     """Device tier observer: which pool slot holds each cached block."""
 
     def __init__(self, mover: TensorMover) -> None:
-        self.slots = mover._device_block
+        self.slots = mover.device_slots
         self.failed = mover.failed
         self.uncomputed = mover.uncomputed
 

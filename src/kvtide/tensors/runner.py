@@ -151,7 +151,10 @@ class PagedRunner:
         """Copies the lower-tier part of a prompt's cached prefix onto the device ahead of its
         request (``TieredCache.prefetch``); returns the blocks moved from each tier."""
         ids = np.asarray(list(token_ids), dtype=np.int64)
-        return self.tiers.prefetch(hash_tokens(ids, self.block_tokens, self.seed))
+        moved = self.tiers.prefetch(hash_tokens(ids, self.block_tokens, self.seed))
+        if self.mover.pending:  # write-through copies of the blocks just reloaded
+            self.mover.flush()
+        return moved
 
     def decode(self, sequence: ActiveSequence, token_id: int) -> torch.Tensor:
         """Appends one token and returns the logits [vocab] after it (its KV stays in the tail)."""
