@@ -45,7 +45,7 @@ def register_tiers(studies: argparse._SubParsersAction[argparse.ArgumentParser])
         ),
     )
     add_fleet_arguments(parser)
-    parser.set_defaults(replicas=4, load=0.7, gpu_cache_tokens=65_536, router="cost")
+    parser.set_defaults(replicas=4, load=0.7, gpu_cache_tokens=65_536)
     parser.add_argument(
         "--router", default="cost", metavar="P", help="routing policy of the fleet (cost)"
     )

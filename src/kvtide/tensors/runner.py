@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvtide.core.hashing import Namespace, hash_tokens
+from kvtide.core.hashing import BlockHashes, Namespace, hash_tokens
 from kvtide.core.node import Node
 from kvtide.core.tiers import TieredAccess, TieredCache
 from kvtide.tensors.model import LlamaModel
 from kvtide.tensors.offload import TensorMover
 from kvtide.tensors.paged_kv import PagedKV, PagedPast
-from kvtide.types import BlockHash, Tier
+from kvtide.types import Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,7 @@ class PagedRunner:
         hashes = hash_tokens(np.asarray(ids, dtype=np.int64), bt, self.seed)
         usable = min(len(hashes), (len(ids) - 1) // bt)
         access = self.tiers.access(hashes[:usable], len(ids), lock=True)
-        prefix = self._valid_prefix(hashes.tolist(), access)
+        prefix = self._valid_prefix(hashes, access)
         path_ids = access.block_ids
         start = prefix * bt
         past = PagedPast(self.kv, path_ids[:prefix])
@@ -134,7 +134,7 @@ class PagedRunner:
         logits = out.logits if all_logits else out.logits[-1]
         return Prefill(logits, stats, sequence)
 
-    def _valid_prefix(self, hashes: Sequence[BlockHash], access: TieredAccess) -> int:
+    def _valid_prefix(self, hashes: BlockHashes, access: TieredAccess) -> int:
         """Blocks whose KV is in place: device hits and reloads, up to the first block the
         mover could not fill (a corrupt disk file, then dropped from the tier that indexed it)
         and no further than the device stored."""
