@@ -33,15 +33,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtide.core.calibration import (
+from kvtide.costs.calibration import (
     Calibration,
     PrefillSample,
     fit_error,
     fit_prefill,
     fit_transfer,
 )
-from kvtide.core.cost_model import Coefficients, CostModel
-from kvtide.core.specs import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelSpec, gpu_preset
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelSpec, gpu_preset
 from kvtide.types import Tier
 
 MIB = 1 << 20

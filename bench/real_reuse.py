@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from kvtide.core.calibration import PrefillSample, calibrate, fit_transfer
-from kvtide.core.cost_model import Coefficients, CostModel
 from kvtide.core.hashing import Namespace
-from kvtide.core.specs import GpuSpec, ModelSpec
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
+from kvtide.costs.calibration import PrefillSample, calibrate, fit_transfer
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.specs import GpuSpec, ModelSpec
 from kvtide.errors import ConfigError
 from kvtide.tensors.gguf_loader import build_tokenizer, find_smollm2_gguf, load_gguf
 from kvtide.tensors.model import LlamaConfig, LlamaModel

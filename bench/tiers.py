@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvtide.clock import ManualClock
-from kvtide.core.cost_model import CostModel
 from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
-from kvtide.core.specs import gpu_preset, resolve_model
 from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec, WriteMode
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.types import Tier
 from kvtide.workloads import open_workload
 

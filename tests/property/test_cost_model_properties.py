@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtide.core.cost_model import CostModel
-from kvtide.core.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, model_preset
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, model_preset
 from kvtide.types import Tier
 
 MODELS = {name: model_preset(name) for name in MODEL_PRESETS}

@@ -1,4 +1,4 @@
-"""Import arrows: core <- routing | engine <- state | telemetry <- gateway | sim <- cli.
+"""Import arrows: costs <- core <- routing | engine <- state | telemetry <- gateway | sim <- cli.
 
 Checked from the source with ast, so a wrong import fails here before it tangles anything.
 """
@@ -14,20 +14,25 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "kvtide"
 
 # package -> kvtide packages it may import (besides itself and the leaf modules)
 ALLOWED: dict[str, set[str]] = {
-    "core": set(),
+    "costs": set(),
+    "text": set(),
+    "core": {"costs"},
     "workloads": set(),
-    "routing": {"core"},
-    "engine": {"core"},
-    "state": {"core", "routing"},
-    "telemetry": {"core", "routing", "engine"},
-    "tensors": {"core"},
-    "sim": {"core", "routing", "engine", "state", "telemetry", "workloads"},
-    "gateway": {"core", "routing", "state", "telemetry", "workloads"},
-    "engine_server": {"core", "engine", "state", "telemetry", "workloads"},
+    "routing": {"core", "costs"},
+    "engine": {"core", "costs"},
+    "state": {"core", "costs", "routing"},
+    "telemetry": {"core", "costs", "routing", "engine"},
+    "tensors": {"core", "costs", "text"},
+    "sim": {"core", "costs", "routing", "engine", "state", "telemetry", "workloads"},
+    "gateway": {"core", "costs", "routing", "state", "telemetry", "text", "workloads"},
+    "engine_server": {"core", "costs", "engine", "state", "telemetry", "tensors", "text"},
+    "loadgen": {"text", "workloads"},
 }
 LEAVES = {"errors", "types", "clock", "registry"}
 # Third-party modules that must stay out of the synchronous, pure layers.
 FORBIDDEN_THIRD_PARTY = {
+    "costs": {"redis", "zmq", "httpx", "starlette", "prometheus_client", "torch", "asyncio"},
+    "text": {"torch", "asyncio"},
     "core": {"redis", "zmq", "httpx", "starlette", "prometheus_client", "torch", "asyncio"},
     "routing": {"redis", "zmq", "httpx", "starlette", "prometheus_client", "torch", "asyncio"},
     "workloads": {"redis", "zmq", "torch"},

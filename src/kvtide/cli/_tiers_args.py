@@ -11,9 +11,9 @@ import argparse
 
 from kvtide.clock import Clock
 from kvtide.core.admission import ADMISSION_FILTERS
-from kvtide.core.cost_model import CostModel
-from kvtide.core.specs import gpu_preset, resolve_model
 from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec, WriteMode
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from kvtide.cli.cost import add_model_arguments
-from kvtide.core.calibration import Calibration, fit_prefill, read_prefill_csv
-from kvtide.core.cost_model import CostModel
-from kvtide.core.specs import gpu_preset, resolve_model
+from kvtide.costs.calibration import Calibration, fit_prefill, read_prefill_csv
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.errors import ConfigError
 
 

@@ -11,10 +11,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvtide.core.calibration import load_calibration
-from kvtide.core.cost_model import Coefficients, CostModel
-from kvtide.core.onboard import OnboardAction, break_even_prefix_tokens
-from kvtide.core.specs import gpu_preset, resolve_model
+from kvtide.costs.calibration import load_calibration
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.onboard import OnboardAction, break_even_prefix_tokens
+from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 

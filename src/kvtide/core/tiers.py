@@ -45,9 +45,9 @@ from kvtide.core.admission import AdmissionFilter, make_admission
 from kvtide.core.cache import CacheConfig, CacheStats, KVCache
 from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes, as_block_hashes
-from kvtide.core.link import Link
 from kvtide.core.node import Node
 from kvtide.core.radix_tree import RadixTree
+from kvtide.costs.link import Link
 from kvtide.errors import ConfigError
 from kvtide.types import BlockHash, Tier
 
@@ -79,7 +79,7 @@ class OnboardPlan(Protocol):
 
 
 class OnboardCost(Protocol):
-    """The part of ``kvtide.core.cost_model.CostModel`` the tiers call."""
+    """The part of ``kvtide.costs.cost_model.CostModel`` the tiers call."""
 
     def kv_bytes(self, tokens: int) -> int: ...
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 
 class StepCost(Protocol):
-    """The part of ``kvtide.core.cost_model.CostModel`` an engine needs (seconds)."""
+    """The part of ``kvtide.costs.cost_model.CostModel`` an engine needs (seconds)."""
 
     def prefill_compute_time(self, new_tokens: int, cached_tokens: int) -> float:
         """FLOPs of ``new_tokens`` tokens after ``cached_tokens`` of context, in seconds."""

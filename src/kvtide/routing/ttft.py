@@ -1,6 +1,6 @@
 """Time-to-first-token estimates for routing, in seconds, behind a small protocol.
 
-``kvtide.core.cost_model.CostModel`` satisfies ``TtftModel`` as it is (same method names and
+``kvtide.costs.cost_model.CostModel`` satisfies ``TtftModel`` as it is (same method names and
 meanings, checked by mypy below), so the simulator passes its cost model straight in; the
 default is the cost model of Llama-3-8B on one H100. ``LinearTtftModel`` is a stand-in with a
 constant prefill rate and constant tier bandwidths, for tests and back-of-envelope runs.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvtide.core.cost_model import CostModel
-from kvtide.core.specs import gpu_preset, model_preset
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, model_preset
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 

@@ -16,9 +16,9 @@ import numpy as np
 
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig
-from kvtide.core.cost_model import CostModel
 from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
-from kvtide.core.specs import gpu_preset, resolve_model
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kvtide.core.calibration import PrefillSample, load_calibration
-from kvtide.core.cost_model import Coefficients, CostModel
-from kvtide.core.specs import gpu_preset, model_preset
+from kvtide.costs.calibration import PrefillSample, load_calibration
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.specs import gpu_preset, model_preset
 from kvtide.types import Tier
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "gpu_tiers.py"

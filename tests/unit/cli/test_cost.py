@@ -10,9 +10,9 @@ import pytest
 
 from kvtide.cli import main
 from kvtide.cli.cost import PROMPT_TOKENS
-from kvtide.core.calibration import load_calibration
-from kvtide.core.cost_model import Coefficients, CostModel
-from kvtide.core.specs import gpu_preset, model_preset
+from kvtide.costs.calibration import load_calibration
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.specs import gpu_preset, model_preset
 
 
 def test_cost_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:

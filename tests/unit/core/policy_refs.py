@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.node import Node
-from kvtide.core.specs import model_preset
+from kvtide.costs.specs import model_preset
 from kvtide.types import BlockHash
 
 

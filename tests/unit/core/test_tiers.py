@@ -7,10 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from kvtide.clock import ManualClock
-from kvtide.core.cost_model import Coefficients, CostModel
 from kvtide.core.events import BlockRemoved, BlockStored
 from kvtide.core.hashing import BlockHashes, hash_block_ids
-from kvtide.core.specs import gpu_preset, model_preset
 from kvtide.core.tiers import (
     OnboardPlan,
     TieredCache,
@@ -19,6 +17,8 @@ from kvtide.core.tiers import (
     TierSpec,
     WriteMode,
 )
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.specs import gpu_preset, model_preset
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 

@@ -234,8 +234,8 @@ def test_peer_dynamo_samples_with_a_temperature() -> None:
 
 
 def test_cost_scores_in_seconds_from_the_core_cost_model() -> None:
-    from kvtide.core.cost_model import CostModel
-    from kvtide.core.specs import gpu_preset, model_preset
+    from kvtide.costs.cost_model import CostModel
+    from kvtide.costs.specs import gpu_preset, model_preset
 
     model = CostModel(model_preset("llama-3-8b"), gpu_preset("h100"))
     idx = GlobalPrefixIndex()

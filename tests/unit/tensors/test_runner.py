@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvtide.core.cost_model import CostModel  # noqa: E402
 from kvtide.core.hashing import BlockHashes  # noqa: E402
-from kvtide.core.specs import GpuSpec, ModelSpec  # noqa: E402
+from kvtide.costs.cost_model import CostModel  # noqa: E402
+from kvtide.costs.specs import GpuSpec, ModelSpec  # noqa: E402
 from kvtide.tensors.model import LlamaModel  # noqa: E402
 from kvtide.tensors.offload import CorruptBlockError, block_checksum  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvtide.core.eviction import KeyedPolicy, PolicyContext
 from kvtide.core.node import Node
-from kvtide.core.specs import model_preset
+from kvtide.costs.specs import model_preset
 from kvtide.types import BlockHash
 
 
@@ -70,7 +70,7 @@ class CostAware(GreedyDual):
     its prefix``, normalised to 1 for a first block.
 
     A block of ``t`` tokens after ``p`` cached ones costs ``2·P·t`` matmul FLOPs plus attention
-    over ``t·p + t(t+1)/2`` (query, key) pairs (``ModelSpec`` of ``kvtide.core.specs``), so deep
+    over ``t·p + t(t+1)/2`` (query, key) pairs (``ModelSpec`` of ``kvtide.costs.specs``), so deep
     blocks cost more: at ``llama-3-8b`` a 16-token block 32k tokens deep costs about 2.2× a
     first block. All blocks of a cache have one size in bytes, so GDSF's division by size is a
     constant factor and is left out.

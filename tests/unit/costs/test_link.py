@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtide.clock import ManualClock
-from kvtide.core.link import Link
+from kvtide.costs.link import Link
 from kvtide.errors import ConfigError
 
 

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from kvtide.core.onboard import OnboardDecision, decide_onboard
-from kvtide.core.specs import AttentionKind, GpuSpec, ModelSpec, kv_dtype_bytes
+from kvtide.costs.onboard import OnboardDecision, decide_onboard
+from kvtide.costs.specs import AttentionKind, GpuSpec, ModelSpec, kv_dtype_bytes
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
@@ -365,7 +365,7 @@ class CostModel:
         block_tokens: int = 1,
         with_break_even: bool = True,
     ) -> OnboardDecision:
-        """Reload, recompute or split for a prefix hit in ``tier``; see `kvtide.core.onboard`."""
+        """Reload, recompute or split for a prefix hit in ``tier``; see `kvtide.costs.onboard`."""
         return decide_onboard(
             self,
             cached_tokens_in_tier,

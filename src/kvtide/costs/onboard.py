@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from kvtide.core.specs import AttentionKind, GpuSpec, ModelSpec, kv_dtype_bytes
+from kvtide.costs.specs import AttentionKind, GpuSpec, ModelSpec, kv_dtype_bytes
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from kvtide.core.cost_model import CostModel
+    from kvtide.costs.cost_model import CostModel
 
 # The prefix break-even is scanned at this many lengths per doubling, up to this many tokens.
 _SCAN_STEPS_PER_OCTAVE = 8

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from kvtide.core.cost_model import Coefficients, CostModel
-from kvtide.core.onboard import (
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.onboard import (
     OnboardAction,
     break_even_bytes_per_s,
     break_even_prefix_tokens,
@@ -17,7 +17,7 @@ from kvtide.core.onboard import (
     mooncake_break_even_bytes_per_s,
     mooncake_break_even_for,
 )
-from kvtide.core.specs import GpuSpec, gpu_preset, model_preset
+from kvtide.costs.specs import GpuSpec, gpu_preset, model_preset
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtide.core.cost_model import Coefficients, CostModel
+from kvtide.costs.cost_model import Coefficients, CostModel
 from kvtide.errors import ConfigError, TraceFormatError
 
 CALIBRATION_VERSION = 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtide.core.specs import (
+from kvtide.costs.specs import (
     GPU_PRESETS,
     MODEL_PRESETS,
     AttentionKind,

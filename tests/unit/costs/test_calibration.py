@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvtide.core.calibration import (
+from kvtide.costs.calibration import (
     Calibration,
     PrefillSample,
     calibrate,
@@ -17,8 +17,8 @@ from kvtide.core.calibration import (
     parse_prefill_csv,
     read_prefill_csv,
 )
-from kvtide.core.cost_model import Coefficients, CostModel
-from kvtide.core.specs import gpu_preset, model_preset
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.specs import gpu_preset, model_preset
 from kvtide.errors import ConfigError, TraceFormatError
 
 TRUE = Coefficients(prefill_efficiency=0.62, attention_coefficient=1.7, iteration_overhead_s=0.004)

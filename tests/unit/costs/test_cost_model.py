@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from kvtide.core.cost_model import Coefficients, CostModel
-from kvtide.core.specs import gpu_preset, model_preset
+from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.specs import gpu_preset, model_preset
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
