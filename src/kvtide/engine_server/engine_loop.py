@@ -179,12 +179,13 @@ class EmulatedEngine:
         """Applies what is due by now and hands the tokens to their streams."""
         now = self.clock.now()
         outputs = self.driver.on_wake(now)
-        if outputs:
-            self._dispatch(outputs)
         if self.publisher is not None:
+            # before the outputs: a request that finishes here releases its blocks' tokens
             events = self.driver.take_events()
             if events:
                 self.publisher.publish(events, now)
+        if outputs:
+            self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         streams = self._streams

@@ -11,6 +11,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -172,45 +173,56 @@ def build_scheduler(config: ServerConfig, *, record_events: bool) -> tuple[Sched
     return Scheduler(engine, cache, timer, clock), clock
 
 
-async def serve(config: ServerConfig, built: Built | None = None) -> None:
-    """Serves until SIGTERM / SIGINT, then drains and returns."""
-    from granian.constants import Interfaces
-    from granian.server.embed import Server
+class EngineServer:
+    """One served engine: ``serve()`` until ``shutdown()`` (or SIGTERM / SIGINT, when
+    ``handle_signals``), which drains first."""
 
-    built = built or build(config)
-    server = Server(
-        built.app,
-        address=config.host,
-        port=config.port,
-        interface=Interfaces.ASGI,
-        websockets=False,
-        log_enabled=False,
-        backlog=1024,
-    )
-    loop = asyncio.get_running_loop()
-    stopping: list[asyncio.Task[None]] = []
+    def __init__(self, config: ServerConfig, built: Built | None = None) -> None:
+        self.config = config
+        self.built = built or build(config)
+        self._server: Any = None
+        self._stopping: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
-    async def drain_then_stop() -> None:
-        await built.app.drain()
-        server.stop()  # type: ignore[no-untyped-call]
+    async def serve(self, *, handle_signals: bool = True) -> None:
+        from granian.constants import Interfaces
+        from granian.server.embed import Server
 
-    def on_signal() -> None:
-        if not stopping:
-            log.warning("draining: no new requests; waiting for those in flight")
-            stopping.append(loop.create_task(drain_then_stop()))
+        config, built = self.config, self.built
+        self._server = Server(
+            built.app,
+            address=config.host,
+            port=config.port,
+            interface=Interfaces.ASGI,
+            websockets=False,
+            log_enabled=False,
+            backlog=1024,
+        )
+        self.loop = loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.shutdown)
+        print(
+            f"kvtide engine: serving {config.name} on http://{config.host}:{config.port}"
+            + _events_line(built),
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            await self._server.serve()
+        finally:
+            built.close()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    print(
-        f"kvtide engine: serving {config.name} on http://{config.host}:{config.port}"
-        + _events_line(built),
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        await server.serve()
-    finally:
-        built.close()
+    def shutdown(self) -> None:
+        """Drains (new generations get 503, those in flight finish), then stops serving."""
+        if self._stopping is not None or self.loop is None:
+            return
+        log.warning("draining: no new requests; waiting for those in flight")
+        self._stopping = self.loop.create_task(self._drain_then_stop())
+
+    async def _drain_then_stop(self) -> None:
+        await self.built.app.drain()
+        self._server.stop()
 
 
 def _events_line(built: Built) -> str:
@@ -223,5 +235,5 @@ def _events_line(built: Built) -> str:
 def run(config: ServerConfig) -> None:
     import uvloop
 
-    built = build(config)  # bad flags fail here, before any socket is served
-    uvloop.run(serve(config, built))
+    server = EngineServer(config)  # bad flags fail here, before any socket is served
+    uvloop.run(server.serve())
