@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -60,6 +61,7 @@ class LossySubscriber(KvEventSubscriber):
         return super()._receive(seq_raw, payload)
 
 
+@contextmanager
 def _serve(config: ServerConfig) -> Iterator[EngineServer]:
     server = EngineServer(config)
     started = threading.Event()
@@ -158,7 +160,7 @@ def test_index_fed_by_events_holds_exactly_the_engine_blocks(lose: set[int]) -> 
         kv_events_port=0,
         max_batched_tokens=64,  # 4 blocks per prefill chunk
     )
-    for server in _serve(config):
+    with _serve(config) as server:
         sub, index, translator = _subscriber(server, lose)
         sub.bootstrap()  # nothing published yet: joins at sequence 0
         asyncio.run(_drive(f"http://127.0.0.1:{config.port}", _prompts(random.Random(7), 120)))
@@ -198,7 +200,7 @@ def test_no_batch_announces_more_than_a_prefill_chunk_computed() -> None:
         kv_events_port=0,
         max_batched_tokens=64,
     )
-    for server in _serve(config):
+    with _serve(config) as server:
         sub, _, _ = _subscriber(server, set())
         stored: list[int] = []
 
