@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvtide.engine_server.server import EngineServer, ServerConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -101,3 +104,37 @@ def running_engine(*args: str) -> Iterator[Engine]:
         yield engine
     finally:
         engine.stop()
+
+
+@contextmanager
+def in_process_engine(config: ServerConfig) -> Iterator[EngineServer]:
+    """The server in this process, on its own event loop in a thread, so that a test can read
+    the engine's state; clients still talk to it over loopback sockets."""
+    server = EngineServer(config)
+    started = threading.Event()
+
+    def run() -> None:
+        async def main() -> None:
+            task = asyncio.ensure_future(server.serve(handle_signals=False))
+            await asyncio.sleep(0)
+            started.set()
+            await task
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", config.port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+    try:
+        yield server
+    finally:
+        assert server.loop is not None
+        server.loop.call_soon_threadsafe(server.shutdown)
+        thread.join(20)

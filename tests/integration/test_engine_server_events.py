@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import openai
 import pytest
-from engine_process import free_port
+from engine_process import free_port, in_process_engine
 
 from kvtide.clock import ManualClock
 from kvtide.engine_server.engine_loop import salt_seed
@@ -59,38 +54,6 @@ class LossySubscriber(KvEventSubscriber):
             self.lost.append(seq)
             return None
         return super()._receive(seq_raw, payload)
-
-
-@contextmanager
-def _serve(config: ServerConfig) -> Iterator[EngineServer]:
-    server = EngineServer(config)
-    started = threading.Event()
-
-    def run() -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(server.serve(handle_signals=False))
-            await asyncio.sleep(0)
-            started.set()
-            await task
-
-        asyncio.run(main())
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    started.wait(10)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", config.port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.02)
-    try:
-        yield server
-    finally:
-        assert server.loop is not None
-        server.loop.call_soon_threadsafe(server.shutdown)
-        thread.join(20)
 
 
 def _subscriber(
@@ -160,7 +123,7 @@ def test_index_fed_by_events_holds_exactly_the_engine_blocks(lose: set[int]) -> 
         kv_events_port=0,
         max_batched_tokens=64,  # 4 blocks per prefill chunk
     )
-    with _serve(config) as server:
+    with in_process_engine(config) as server:
         sub, index, translator = _subscriber(server, lose)
         sub.bootstrap()  # nothing published yet: joins at sequence 0
         asyncio.run(_drive(f"http://127.0.0.1:{config.port}", _prompts(random.Random(7), 120)))
@@ -200,7 +163,7 @@ def test_no_batch_announces_more_than_a_prefill_chunk_computed() -> None:
         kv_events_port=0,
         max_batched_tokens=64,
     )
-    with _serve(config) as server:
+    with in_process_engine(config) as server:
         sub, _, _ = _subscriber(server, set())
         stored: list[int] = []
 

@@ -185,7 +185,9 @@ class RealModelEngine:
                 while True:
                     token = int(torch.argmax(logits))
                     out.append(token)
-                    full = self.tokenizer.decode(out)
+                    # special tokens (the EOS) count but are not shown, as vLLM's default
+                    # skip_special_tokens; a piece ending mid-character waits for the rest
+                    full = self.tokenizer.decode(out, skip_special_tokens=True)
                     piece = "" if full.endswith("\ufffd") else full[len(text) :]
                     text = text if full.endswith("\ufffd") else full
                     loop.call_soon_threadsafe(stream.push, piece)
