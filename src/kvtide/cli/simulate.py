@@ -21,9 +21,9 @@ from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
+from kvtide.routing.specs import build_policy, needs_index, policy_names
 from kvtide.sim.fleet import Outage
 from kvtide.sim.parallel import run_many
-from kvtide.sim.policies import build_policy, needs_index, policy_names
 from kvtide.sim.report import write_report
 from kvtide.sim.scenario import (
     DEFAULT_EVICTION,
