@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from kvtide.errors import ConfigError
+
 
 class Clock(Protocol):
     def now(self) -> float:
@@ -66,3 +68,17 @@ def epoch_s() -> int:
     """Whole seconds since the Unix epoch: the ``created`` stamp of API responses, never a
     duration (durations come from a Clock)."""
     return int(time.time())
+
+
+def require_clock(clock: object, owner: str) -> Clock:
+    """``clock`` if it can tell the time; otherwise a ``ConfigError`` naming ``owner``.
+
+    Nothing defaults to a ``ManualClock``: a wall-clock caller that forgot its clock would see
+    frozen time (pins never expire, TTLs never pass) without any error.
+    """
+    if not callable(getattr(clock, "now", None)):
+        raise ConfigError(
+            f"{owner} needs a clock with now(): kvtide.WallClock() for real time, "
+            f"kvtide.ManualClock() for simulated time; got {clock!r}"
+        )
+    return clock  # type: ignore[return-value]
