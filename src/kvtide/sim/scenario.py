@@ -16,17 +16,17 @@ import numpy as np
 
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig
-from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
 from kvtide.costs.cost_model import CostModel
 from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
+from kvtide.routing.identity import RequestHasher
+from kvtide.routing.specs import build_policy, needs_index
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import RunSummary, TimeSeries
-from kvtide.sim.policies import build_policy, needs_index
 from kvtide.types import Request
 from kvtide.workloads import open_workload
 
@@ -201,11 +201,7 @@ def run(
     model = cost_model(scenario)
     clock = ManualClock(requests[0].arrival_s)
     loop = EventLoop(clock)
-    seed = Namespace(model=scenario.model).seed
-
-    def hasher(request: Request) -> BlockHashes:
-        return request_block_hashes(request, block_tokens, seed)
-
+    hasher = RequestHasher(block_tokens, scenario.model)
     capacity_blocks = scenario.gpu_cache_tokens // block_tokens
     span_s = max(requests[-1].arrival_s - requests[0].arrival_s, 1e-9)
     config = FleetConfig(
