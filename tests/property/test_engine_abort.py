@@ -13,25 +13,15 @@ from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEv
 from kvtide.core.hashing import hash_tokens
 from kvtide.core.node import Node
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, model_preset
 from kvtide.engine.driver import EngineDriver, StepOutput
 from kvtide.engine.scheduler import EngineConfig, Scheduler
 from kvtide.engine.timing import IterationTimer
 from kvtide.types import Request, Tier
 
 BLOCK = 2
-
-
-class TokenCost:
-    """1 ms per prefill token, 10 ms per decode step."""
-
-    def prefill_compute_time(self, new_tokens: int, cached_tokens: int) -> float:
-        return 0.001 * new_tokens
-
-    def prefill_memory_time(self, new_tokens: int, cached_tokens: int) -> float:
-        return 0.0
-
-    def decode_step_time(self, batch: int, context_tokens: int) -> float:
-        return 0.010
+COST = CostModel(model_preset("llama-3-8b"), gpu_preset("h100"))
 
 
 requests = st.lists(
@@ -85,7 +75,9 @@ def test_random_aborts_leak_nothing(
     stream: bool,
 ) -> None:
     clock = ManualClock()
-    timer = IterationTimer(TokenCost(), 0.0)
+    timer = IterationTimer.from_cost_model(
+        CostModel(model_preset("llama-3-8b"), gpu_preset("h100"))
+    )
     config = EngineConfig(max_batched_tokens=budget, max_num_seqs=4)
     if tiered:
         tiers = TieredCache(
