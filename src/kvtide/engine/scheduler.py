@@ -2,10 +2,13 @@
 
 Each iteration takes the running sequences first (a decode token each, or the next chunk of a
 prefill) and then admits waiting requests in arrival order while the token budget lasts, as
-vLLM v1's scheduler does. KV lives in the real ``KVCache``: a request's full prompt blocks are
-matched (prefix hits) and inserted into the radix tree at admission and stay locked until it
-finishes; the partial last prompt block and the generated tokens take private blocks from the
-same pool. When the pool runs dry the newest running request is preempted and later recomputed.
+vLLM v1's scheduler does. KV lives in the real ``KVCache``: at admission a request's cached
+prefix is matched and locked and every other block it needs up to its next token is reserved
+from the pool, after an O(1) check that they fit (a request that cannot fit evicts nothing).
+A full prompt block enters the cache when the chunk computing it is scheduled (other requests
+of that iteration may share it, as in vLLM) and is announced (``BlockStored``) only when that
+iteration completes. When the pool runs dry the newest running request is preempted and later
+recomputed; ``abort`` drops a request wherever it is.
 
 Driven by a Clock: ``schedule()`` plans an iteration (or a run of decode-only iterations that
 nothing can change), the caller lets its time pass, and ``complete()`` applies it. The
