@@ -119,11 +119,7 @@ class EmulatedEngine:
         """Fraction of the KV pool held by requests (cached but unreferenced blocks count as
         free, as in vLLM's ``kv_cache_usage_perc``)."""
         cache = self.scheduler.cache
-        return (
-            1.0
-            - (cache.pool.num_free + getattr(cache, "num_evictable_blocks", 0))
-            / cache.capacity_blocks
-        )
+        return 1.0 - (cache.pool.num_free + cache.num_evictable_blocks) / cache.capacity_blocks
 
     @property
     def num_waiting(self) -> int:
