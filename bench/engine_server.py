@@ -8,6 +8,11 @@ tokens. One uvloop client process with keep-alive connections drives each server
 seconds; CPU is the server process's user+sys from /proc. Medians of --runs runs.
 
     python bench/engine_server.py --seconds 4 --runs 3 --concurrency 64 [--profile out.prof]
+
+``--real-ttft`` instead times `kvtide engine --model smollm2-135m` (SmolLM2-135M on the CPU):
+TTFT of a 1,024-token prompt cold (a fresh 992-token prefix plus a 32-token turn) and on a hit
+(the same prefix, another 32-token turn), over HTTP, median of --runs; bench/real_reuse.py
+times the same case in-process (docs/tiers.md).
 """
 
 from __future__ import annotations
@@ -51,6 +56,55 @@ def stub_argv(port: int) -> list[str]:
     ]
 
 
+PARAGRAPH = (
+    "Paragraph {i}. The tide came in over the flats while the harbour master logged each "
+    "vessel by name, tonnage and draught. Cargo manifests listed grain, timber, copper wire "
+    "and crates of oranges; the clerk checked every seal twice before signing. "
+)
+
+
+def real_ttft(runs: int) -> None:
+    import time
+
+    import httpx2 as httpx
+
+    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    from engine_process import running_engine
+
+    with running_engine("--model", "smollm2-135m", "--kv-cache-tokens", "65536") as eng:
+
+        def ids(text: str) -> list[int]:
+            tokens: list[int] = httpx.post(eng.url + "/tokenize", json={"prompt": text}).json()[
+                "tokens"
+            ]
+            return tokens
+
+        def ttft(prompt: list[int]) -> float:
+            body = {"prompt": prompt, "max_tokens": 1, "stream": True}
+            start = time.perf_counter()
+            with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=120) as r:
+                for _ in r.iter_bytes():
+                    break
+            return time.perf_counter() - start
+
+        turns = ids(" " + PARAGRAPH.format(i="x") * 3)
+        colds, warms = [], []
+        ttft(ids("warm-up " + PARAGRAPH.format(i=0) * 8))
+        for run in range(runs):
+            prefix = ids(f"Run {run}. " + "".join(PARAGRAPH.format(i=i) for i in range(40)))[:992]
+            colds.append(ttft(prefix + turns[:32]))
+            warms.append(ttft(prefix + turns[32:64]))
+    cold, warm = statistics.median(colds), statistics.median(warms)
+    print(f"# real_ttft: SmolLM2-135M, 1,024-token prompt, median of {runs}, rev {_rev()}")
+    print(f"cold {cold:.3f} s  hit {warm:.3f} s  cold/hit {cold / warm:.1f}x")
+
+
+def _rev() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -58,10 +112,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--speedup", type=float, default=1e5)
     ap.add_argument("--profile", type=Path, help="cProfile the engine's last run into this file")
+    ap.add_argument("--real-ttft", action="store_true", help="time SmolLM2 cold vs hit instead")
     args = ap.parse_args()
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    if args.real_ttft:
+        real_ttft(args.runs)
+        return
+    rev = _rev()
     print(
         f"# engine_server: 16 streamed tokens/request, concurrency {args.concurrency}, "
         f"speedup {args.speedup:g}, {args.seconds}s x {args.runs} runs, {os.cpu_count()} cores, "
