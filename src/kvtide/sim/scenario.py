@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +35,7 @@ DEFAULT_EVICTION: str = next(
 )  # type: ignore[assignment]
 """The cache core's default eviction policy."""
 NUM_WINDOWS = 120
-"""Time-series windows per run."""
+"""Time-series windows per run: a run keeps between this many and twice as many samples."""
 NUM_CDF_POINTS = 200
 
 
@@ -207,7 +207,7 @@ def run(
         return request_block_hashes(request, block_tokens, seed)
 
     capacity_blocks = scenario.gpu_cache_tokens // block_tokens
-    span_s = max(requests[-1].arrival_s - requests[0].arrival_s, 1e-9)
+    span_s = requests[-1].arrival_s - requests[0].arrival_s
     config = FleetConfig(
         num_replicas=scenario.replicas,
         capacity_blocks=capacity_blocks,
@@ -230,7 +230,7 @@ def run(
             )
             for o in scenario.outages
         ),
-        sample_interval_s=span_s / NUM_WINDOWS,
+        sample_interval_s=expected_duration_s(scenario, requests, model) / NUM_WINDOWS,
     )
     index = (
         GlobalPrefixIndex(scenario.replicas * capacity_blocks)
@@ -260,7 +260,9 @@ def run(
     )
     feed = _Feed(iter(requests), fleet, loop)
     feed.schedule_next()
-    sampler = _Sampler(fleet, loop, config.sample_interval_s, requests[0].arrival_s, span_s)
+    sampler = _Sampler(
+        fleet, loop, config.sample_interval_s, requests[0].arrival_s, max(span_s, 1e-9)
+    )
     sampler.progress = progress
     sampler.start()
     loop.run()
@@ -285,6 +287,17 @@ def run(
         clock.now() - requests[0].arrival_s,
         _diagnostics(fleet),
     )
+
+
+def expected_duration_s(
+    scenario: Scenario, requests: Sequence[Request], model: CostModel
+) -> float:
+    """A first guess at the simulated seconds, to size the sampling interval: the arrival
+    span, or the prefill work spread over the replicas when that is longer (all requests at
+    one instant have no span at all). The sampler widens its interval if the run outlasts it."""
+    span_s = requests[-1].arrival_s - requests[0].arrival_s
+    work_s = sum(model.prefill_time(r.prompt_tokens) for r in requests) / scenario.replicas
+    return max(span_s, work_s, 1e-3)
 
 
 def _shifted(window: tuple[float, float] | None, start_s: float) -> tuple[float, float] | None:
@@ -334,7 +347,12 @@ class _Feed:
 
 
 class _Sampler:
-    """Samples the fleet's counters every ``interval_s`` while anything is left to happen."""
+    """Samples the fleet's counters every ``interval_s`` while anything is left to happen.
+
+    The interval is a guess (``expected_duration_s``); a run that outlasts it would tick
+    without bound, so at ``2 * NUM_WINDOWS`` samples the sampler drops every other one and
+    doubles its interval. The samples are cumulative counters, so dropping one merges two
+    windows exactly; a run samples O(NUM_WINDOWS * log(duration / guess)) times."""
 
     __slots__ = ("fleet", "interval_s", "loop", "progress", "span_s", "start_s")
 
@@ -352,7 +370,11 @@ class _Sampler:
         self.loop.at(self.start_s, self._tick)
 
     def _tick(self, _: object = None) -> None:
-        self.fleet.metrics.sample(self.fleet.sample())
+        samples = self.fleet.metrics.samples
+        samples.append(self.fleet.sample())
+        if len(samples) >= 2 * NUM_WINDOWS:
+            del samples[1::2]  # keeps the first (the run's start) and every other one
+            self.interval_s *= 2
         if self.progress is not None:
             self.progress(min(1.0, (self.loop.clock.now() - self.start_s) / self.span_s))
         if len(self.loop):  # something else is still scheduled
