@@ -2,7 +2,7 @@
 tiered cache they build, and what each run reports about its tiers.
 
 `replay` calls three functions: ``add_tier_arguments(parser)`` once, ``build_cache(args, ...)``
-per run, and ``tier_report(cache)`` for the run's JSON (``tier_cells`` for its table row).
+per run, and ``tier_report(cache)`` for the run's JSON.
 """
 
 from __future__ import annotations
@@ -175,21 +175,3 @@ def describe_cost(cost: OnboardCost) -> str:
     if isinstance(cost, CostModel):
         return f"{cost.model.name} on {cost.gpu.name} x{cost.tp} ({cost.dtype} KV)"
     return type(cost).__name__
-
-
-TIER_COLUMNS = ("device", "host", "disk", "host writes", "prefill s saved")
-"""Table headers of ``tier_cells``, in order."""
-
-
-def tier_cells(report: dict[str, object]) -> tuple[str, ...]:
-    """A run's table cells under ``TIER_COLUMNS`` ("-" for a row without tiers)."""
-    by_tier = report.get("hit_ratio_by_tier")
-    if not isinstance(by_tier, dict):
-        return ("-",) * len(TIER_COLUMNS)
-    return (
-        f"{100 * by_tier['device']:.2f}%",
-        f"{100 * by_tier['host']:.2f}%",
-        f"{100 * by_tier['disk']:.2f}%",
-        f"{report['host_writes_blocks']:,}",
-        f"{report['prefill_s_saved']:,.1f}",
-    )

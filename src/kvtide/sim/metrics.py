@@ -18,6 +18,8 @@ from kvtide.engine.scheduler import RequestRecord
 
 @dataclass(frozen=True, slots=True)
 class Percentiles:
+    """NaN throughout when there was nothing to measure."""
+
     mean: float
     p50: float
     p90: float
@@ -26,13 +28,15 @@ class Percentiles:
     @classmethod
     def of(cls, values: Sequence[float] | np.ndarray) -> Percentiles:
         arr = np.asarray(values, dtype=np.float64)
-        if arr.size == 0:
-            return cls(0.0, 0.0, 0.0, 0.0)
+        if arr.size == 0:  # nothing to measure (TPOT when no request decodes): not a zero
+            return cls(math.nan, math.nan, math.nan, math.nan)
         p50, p90, p99 = np.percentile(arr, [50, 90, 99])
         return cls(float(arr.mean()), float(p50), float(p90), float(p99))
 
-    def to_json(self) -> dict[str, float]:
-        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+    def to_json(self) -> dict[str, float | None]:
+        """``None`` for a metric that does not apply (JSON has no NaN)."""
+        values = {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+        return {k: None if math.isnan(v) else v for k, v in values.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +155,9 @@ class MetricsCollector:
         prompt = np.fromiter((r.prompt_tokens for r in records), np.int64, len(records))
         output = np.fromiter((r.output_tokens for r in records), np.int64, len(records))
         prefill = sum(r.prefill_tokens for r in records)
-        multi = output > 1
+        # TPOT applies to requests that decoded past their first token: not to one-token
+        # outputs, nor to a prefill-only pool whose requests end at the first token.
+        multi = (output > 1) & (finish > first)
         tpot = (finish[multi] - first[multi]) / (output[multi] - 1)
         total_prompt = int(prompt.sum())
         span = float(finish.max() - arrival.min()) if records else 0.0
