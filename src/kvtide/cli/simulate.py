@@ -17,7 +17,7 @@ from kvtide.cli.tables import Column, make_console
 from kvtide.cli.tables import print_table as print_table_fitted
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
-from kvtide.display import DASH, applies, number, plural, seconds, tokens
+from kvtide.display import DASH, applies, number, plural, seconds
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
@@ -31,6 +31,7 @@ from kvtide.sim.scenario import (
     RunResult,
     Scenario,
     describe_setup,
+    describe_tiers,
     prepare,
 )
 
@@ -300,21 +301,9 @@ def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> 
     disagg = f" + {scenario.decode_replicas} decode" if scenario.decode_replicas else ""
     console.print(
         f"{scenario.replicas}{disagg} × {scenario.model} on {scenario.tp} × {scenario.gpu}; "
-        f"KV per replica: {tier_sizes(scenario)}; {workload['block_tokens']}-token blocks, "
+        f"KV per replica: {describe_tiers(scenario)}; {workload['block_tokens']}-token blocks, "
         f"eviction {scenario.eviction}, seed {scenario.seed}"
     )
-
-
-def tier_sizes(scenario: Scenario) -> str:
-    """Every tier of a replica with its size: ``GPU 256k tokens + host 1M tokens (seen-twice)``."""
-    parts = [f"GPU {tokens(scenario.gpu_cache_tokens)}"]
-    if scenario.host_cache_tokens:
-        admission = scenario.host_admission
-        filtered = f" ({admission})" if admission != "none" else ""
-        parts.append(f"host {tokens(scenario.host_cache_tokens)}{filtered}")
-    if scenario.disk_cache_tokens:
-        parts.append(f"disk {tokens(scenario.disk_cache_tokens)}")
-    return " + ".join(parts)
 
 
 def run_with_progress(

@@ -18,12 +18,12 @@ from kvtide.cli.simulate import (
     add_fleet_arguments,
     run_with_progress,
     scenario_from_args,
-    tier_sizes,
     write_text,
 )
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.cli.tiers_study import register_tiers
 from kvtide.display import DASH, points, seconds, signed
+from kvtide.sim.scenario import describe_tiers
 from kvtide.sim.study import DEFAULT_TRAFFIC, study_points, study_rows
 
 
@@ -79,7 +79,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
     console = make_console()
     console.print(
         f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}; "
-        f"KV per replica: {tier_sizes(base)}; load {base.load}, seed {base.seed}"
+        f"KV per replica: {describe_tiers(base)}; load {base.load}, seed {base.seed}"
     )
     results = run_with_progress(
         [p.scenario for p in points],

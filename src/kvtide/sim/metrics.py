@@ -94,9 +94,13 @@ class FleetSample:
 class TimeSeries:
     """Per-window values, window i ending at ``times_s[i]``."""
 
+    start_s: float = 0.0
+    """When the first window starts (the first arrival): plots count time from here."""
     times_s: list[float] = field(default_factory=list)
     hit_ratio: list[float] = field(default_factory=list)
     """NaN for a window in which no request was admitted."""
+    admitted_tokens: list[int] = field(default_factory=list)
+    """Prompt tokens admitted in each window: the weight of its hit ratio."""
     evictions_per_s: list[float] = field(default_factory=list)
     replica_busy: list[list[float]] = field(default_factory=list)
     """Per replica, the fraction of each window it spent computing."""
@@ -119,9 +123,9 @@ class MetricsCollector:
 
     def series(self) -> TimeSeries:
         samples = self.samples
-        out = TimeSeries()
         if len(samples) < 2:
-            return out
+            return TimeSeries()
+        out = TimeSeries(start_s=samples[0].time_s)
         num_replicas = len(samples[0].busy_s)
         out.replica_busy.extend([] for _ in range(num_replicas))
         out.replica_queued.extend([] for _ in range(num_replicas))
@@ -133,6 +137,7 @@ class MetricsCollector:
             prompt = cur.prompt_tokens - prev.prompt_tokens
             hits = cur.hit_tokens - prev.hit_tokens
             out.hit_ratio.append(hits / prompt if prompt else math.nan)  # nothing admitted
+            out.admitted_tokens.append(prompt)
             out.evictions_per_s.append((cur.evicted_blocks - prev.evicted_blocks) / span)
             for i in range(num_replicas):
                 out.replica_busy[i].append(min(1.0, (cur.busy_s[i] - prev.busy_s[i]) / span))
