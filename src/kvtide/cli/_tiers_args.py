@@ -13,7 +13,7 @@ from kvtide.clock import Clock
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec, WriteMode
 from kvtide.costs.cost_model import CostModel
-from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, resolve_model
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
@@ -84,10 +84,15 @@ def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default="llama-3-8b",
         metavar="M",
-        help="cost model: preset or config.json, for reload-vs-recompute decisions and the "
-        "prefill seconds saved (default: llama-3-8b)",
+        help=f"cost model: a preset ({', '.join(sorted(MODEL_PRESETS))}) or a config.json, for "
+        "reload-vs-recompute decisions and the prefill seconds saved (default: llama-3-8b)",
     )
-    group.add_argument("--gpu", default="h100", metavar="G", help="GPU preset (default: h100)")
+    group.add_argument(
+        "--gpu",
+        default="h100",
+        metavar="G",
+        help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default: h100)",
+    )
     group.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
     group.add_argument(
         "--dtype", default="bf16", metavar="D", help="KV-cache dtype: bf16 or fp8 (default bf16)"

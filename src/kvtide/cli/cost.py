@@ -12,7 +12,7 @@ from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.costs.calibration import load_calibration
 from kvtide.costs.cost_model import Coefficients, CostModel
 from kvtide.costs.onboard import OnboardAction, break_even_prefix_tokens
-from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, resolve_model
 from kvtide.display import plural
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
@@ -65,9 +65,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --gpu, --tp, --dtype: shared by `kvtide cost` and `kvtide calibrate`."""
     parser.add_argument(
-        "--model", required=True, metavar="M", help="preset name or path to a config.json"
+        "--model",
+        required=True,
+        metavar="M",
+        help=f"model preset ({', '.join(sorted(MODEL_PRESETS))}) or a path to a Hugging Face "
+        "config.json",
     )
-    parser.add_argument("--gpu", required=True, metavar="G", help="GPU preset name")
+    parser.add_argument(
+        "--gpu", required=True, metavar="G", help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))}"
+    )
     parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
     parser.add_argument(
         "--dtype", default="bf16", metavar="D", help="KV-cache dtype: bf16 or fp8 (default bf16)"

@@ -43,7 +43,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "replay",
         help="replay a trace or built-in workload through the cache: hit ratios per policy",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=(
+            "Replays a trace or a built-in workload through one cache per (policy, capacity) "
+            "and prints token and block hit ratios, evictions, misses by class and, with "
+            "--oracle, the share of Belady's optimum each run reaches."
+        ),
     )
     parser.add_argument(
         "workload",

@@ -17,6 +17,7 @@ from kvtide.cli.tables import Column, make_console
 from kvtide.cli.tables import print_table as print_table_fitted
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
 from kvtide.display import DASH, applies, number, plural, seconds
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
@@ -147,8 +148,19 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
         metavar="N",
         help="disk KV tier per replica in tokens, under the host tier (default 0: none)",
     )
-    parser.add_argument("--model", default="llama-3-8b", metavar="M", help="(default llama-3-8b)")
-    parser.add_argument("--gpu", default="h100", metavar="G", help="(default h100)")
+    parser.add_argument(
+        "--model",
+        default="llama-3-8b",
+        metavar="M",
+        help=f"model preset ({', '.join(sorted(MODEL_PRESETS))}) or a path to a Hugging Face "
+        "config.json (default llama-3-8b)",
+    )
+    parser.add_argument(
+        "--gpu",
+        default="h100",
+        metavar="G",
+        help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default h100)",
+    )
     parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel (1)")
     parser.add_argument(
         "--max-batched-tokens",

@@ -26,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run a grid of simulations from a YAML file",
         description=(
             "Expands CONFIG.yaml (a 'base' of fixed settings and a 'grid' of lists: any "
-            "`kvtide simulate` setting, e.g. router, gpu_cache_tokens, replicas, load) into "
-            "every combination, runs each point, and writes one row per point."
+            "kvtide simulate setting, e.g. router, gpu_cache_tokens, replicas, load) into "
+            "every combination, runs each point, and writes one row per point. "
+            "examples/sweep.yaml in the repository shows the format."
         ),
     )
     parser.add_argument("config", type=Path, metavar="CONFIG.yaml")
