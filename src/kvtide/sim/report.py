@@ -46,6 +46,7 @@ h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 svg { display: block; max-width: 100%; height: auto; }
 pre { background: #f6f6f6; padding: 8px; font-size: 12px; overflow-x: auto; }
 summary { cursor: pointer; color: #555; }
+.wide { overflow-x: auto; }
 """
 
 
@@ -403,4 +404,5 @@ def _table(results: Sequence[RunResult]) -> str:
             f"{s.prefill_tokens_computed / 1e6:,.2f}",
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+    # A narrow window scrolls the table instead of cutting its last columns.
+    return f"<div class='wide'><table>{head}{''.join(rows)}</table></div>"

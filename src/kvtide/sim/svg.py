@@ -268,8 +268,8 @@ def heatmap(
     cell_h = max(5.0, min(28.0, 260.0 / len(rows)))
     pw = WIDTH - LEFT - RIGHT
     plot_h = cell_h * len(rows)
-    legend_h = max(plot_h - 14, 80.0)
-    height = TOP + max(plot_h, legend_h + 14) + BOTTOM
+    legend_h = max(plot_h - 24, 80.0)
+    height = TOP + max(plot_h, legend_h + 24) + BOTTOM
     span = max(x_max, ends_s[-1], 1e-9)
 
     def px(t: float) -> float:
@@ -314,8 +314,8 @@ def _scale_legend(x: float, top: float, height: float, label: str) -> list[str]:
     """A vertical colour bar from 0% (bottom) to 100% (top) with ticks."""
     steps = 40
     h = height / steps
-    out = [f'<text x="{x}" y="{top + 8}">{escape(label)}</text>']
-    bar_top = top + 14
+    out = [f'<text x="{x}" y="{top + 4}">{escape(label)}</text>']
+    bar_top = top + 24  # below the label, with room for the 100% tick's text
     for i in range(steps):
         value = 1 - (i + 0.5) / steps
         out.append(
