@@ -286,6 +286,7 @@ def _capacity_section(
                         [fleet_tokens],
                         [r.summary.hit_ratio_by_tier.get("device", r.summary.hit_ratio)],
                         points_only=True,
+                        offset_px=12.0 * (i - (len(results) - 1) / 2),
                         color=_color(i),
                     )
                     for i, r in enumerate(results)

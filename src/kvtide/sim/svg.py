@@ -45,6 +45,9 @@ class Line:
     faint: bool = False
     """Thin and pale, behind the others and not in the legend: the raw series a smoothed line
     of the same colour summarises."""
+    offset_px: float = 0.0
+    """Horizontal shift of a ``points_only`` line's markers, so measurements at one x (several
+    routers at the fleet's capacity) sit side by side instead of hiding each other."""
     color: str | None = None
     """An SVG colour; by default the palette's, by the line's position among the lines that
     are neither faint nor coloured."""
@@ -224,7 +227,7 @@ def _draw(
         if math.isnan(y) or (log_x and x <= 0):
             runs.append([])
         else:
-            runs[-1].append((px(x), py(y)))
+            runs[-1].append((px(x) + (line.offset_px if line.points_only else 0.0), py(y)))
     out = []
     dash = ' stroke-dasharray="6,4"' if line.dashed else ""
     style = 'stroke-width="1" stroke-opacity="0.15"' if line.faint else 'stroke-width="2"'
