@@ -35,23 +35,26 @@ class Setup:
     requests: int = 300
     model: str = "llama-3-70b"
     gpu: str = "a100"
-    kv_cache_tokens: int = 204_800
+    tp: int = 2
+    kv_cache_tokens: int = 16_384
+    """Small enough that the run evicts (and preempts) as well as it reuses."""
     block_tokens: int = 16
-    load: float = 0.7
+    load: float = 0.8
     seed: int = 0
 
     def simulate_args(self, json_path: Path) -> list[str]:
         return [
             "simulate", "--workload", self.workload, "--requests", str(self.requests),
             "--replicas", "1", "--router", "round_robin", "--model", self.model,
-            "--gpu", self.gpu, "--block-tokens", str(self.block_tokens),
+            "--gpu", self.gpu, "--tp", str(self.tp), "--block-tokens", str(self.block_tokens),
             "--gpu-cache-tokens", str(self.kv_cache_tokens), "--load", str(self.load),
             "--eviction", "lru", "--seed", str(self.seed), "--quiet", "--json", str(json_path),
         ]  # fmt: skip
 
     def engine_args(self, speedup: float) -> list[str]:
         return [
-            "--model", self.model, "--gpu", self.gpu, "--block-tokens", str(self.block_tokens),
+            "--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp),
+            "--block-tokens", str(self.block_tokens),
             "--kv-cache-tokens", str(self.kv_cache_tokens), "--eviction", "lru",
             "--speedup", str(speedup), "--max-waiting", "100000", "--max-model-len", "65536",
         ]  # fmt: skip
@@ -87,6 +90,7 @@ def workload_requests(setup: Setup) -> list[tuple[float, list[int], int]]:
         seed=setup.seed,
         model=setup.model,
         gpu=setup.gpu,
+        tp=setup.tp,
         replicas=1,
         gpu_cache_tokens=setup.kv_cache_tokens,
     )

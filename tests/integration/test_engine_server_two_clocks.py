@@ -34,6 +34,7 @@ def test_simulator_and_engine_agree_on_ttft_and_cached_tokens() -> None:
         port=free_port(),
         model=setup.model,
         gpu=setup.gpu,
+        tp=setup.tp,
         kv_cache_tokens=setup.kv_cache_tokens,
         block_tokens=setup.block_tokens,
         eviction="lru",
