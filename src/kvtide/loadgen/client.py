@@ -16,8 +16,10 @@ from typing import Any
 import aiohttp
 
 from kvtide.clock import WallClock
+from kvtide.workloads.rows import fastest_loads
 
 _CLOCK = WallClock()
+_loads = fastest_loads()
 
 
 @dataclass(slots=True)
@@ -120,23 +122,31 @@ async def stream(
                 out.detail = _error_message(await resp.text(errors="replace"))
                 return out
             done = False
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments (": ping"), event: lines
-                body = line[5:].strip()
-                if body == b"[DONE]":
-                    done = True
-                    break
-                try:
-                    data = json.loads(body)
-                except ValueError:
-                    out.error, out.detail = "protocol", f"not JSON: {body[:80]!r}"
-                    return out
-                if isinstance(data, dict):
-                    last_s = _apply_event(out, data, _CLOCK.now() - start, last_s)
-                    if out.error is not None:
+            pending = b""
+            # whole network reads split here: a fraction of the calls of line-by-line reading
+            async for data in resp.content.iter_any():
+                *lines, pending = (pending + data).split(b"\n")
+                now = _CLOCK.now() - start
+                for raw in lines:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, comments (": ping"), event: lines
+                    body = line[5:].strip()
+                    if body == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        event = _loads(body)
+                    except ValueError:
+                        out.error, out.detail = "protocol", f"not JSON: {body[:80]!r}"
                         return out
+                    if isinstance(event, dict):
+                        last_s = _apply_event(out, event, now, last_s)
+                        if out.error is not None:
+                            return out
+                if done:
+                    break
+            done = done or pending.strip() in (b"data: [DONE]", b"data:[DONE]")
             if out.ttft_s is None:
                 out.error, out.detail = "protocol", "the stream ended without a text chunk"
             elif not done:
