@@ -25,6 +25,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "cost": "kvtide.cli.cost",
     "calibrate": "kvtide.cli.calibrate",
     "engine": "kvtide.cli.engine",
+    "load": "kvtide.cli.load",
 }
 
 
