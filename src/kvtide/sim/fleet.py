@@ -35,6 +35,7 @@ from kvtide.routing import (
     RoutingPolicy,
 )
 from kvtide.routing.faults import LossyDelayedChannel
+from kvtide.routing.identity import route_request
 from kvtide.routing.ingest import KVEventIngest, snapshot_events
 from kvtide.routing.router import Router
 from kvtide.sim.loop import EventLoop
@@ -293,15 +294,7 @@ class Fleet:
         """Routes ``request`` now and queues it on the chosen replica; with no healthy
         replica it waits for one to recover."""
         hashes = self.hasher(request)
-        route = RouteRequest(
-            block_hashes=hashes,
-            prompt_tokens=request.prompt_tokens,
-            block_tokens=self.config.block_tokens,
-            request_id=request.request_id,
-            tenant=request.tenant,
-            session_id=request.session_id,
-            output_tokens=request.output_tokens,
-        )
+        route = route_request(request, hashes, self.config.block_tokens)
         try:
             decision = self.router.route(route)
         except NoHealthyReplica:
