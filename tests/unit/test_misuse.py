@@ -346,6 +346,8 @@ def test_hash_tokens_refuses_what_is_not_token_ids(tokens: object, match: str) -
         (True, SEED, "block_tokens"),
         (4, Namespace(), r"pass namespace\.seed"),
         (4, "seed", "seed must be an integer"),
+        (4, -1, r"seed must lie in \[0, 2\*\*64\)"),
+        (4, 1 << 64, r"seed must lie in \[0, 2\*\*64\)"),
     ],
 )
 def test_hash_tokens_refuses_a_bad_block_size_or_seed(
@@ -360,3 +362,12 @@ def test_hash_block_ids_refuses_negative_or_float_ids() -> None:
         hash_block_ids([1, -1], SEED)
     with pytest.raises(UsageError, match="float"):
         hash_block_ids([1.5], SEED)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("ttl_s", [0.0, -1.0, math.nan])
+def test_a_pin_needs_a_positive_ttl(ttl_s: float) -> None:
+    cache = _cache()
+    acc = cache.access(_hashes(1), 4)
+    with pytest.raises(ConfigError, match="pin TTL must be positive"):
+        cache.pin(acc.handle, ttl_s)
+    assert cache.pinned_blocks == 0

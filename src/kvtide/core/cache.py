@@ -417,7 +417,7 @@ class KVCache:
         """Keeps the path to ``handle`` cached for ``ttl_s`` seconds; ``False`` if that would
         exceed the global pin budget or the budget of a tenant owning blocks on the path
         (nothing is pinned then). A block is charged to the tenant that stored it."""
-        if ttl_s <= 0:
+        if not ttl_s > 0:  # NaN too: a NaN expiry would never come
             raise ConfigError(f"pin TTL must be positive, got {ttl_s}")
         self.expire_pins()
         path = self._path(handle)

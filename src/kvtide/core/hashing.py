@@ -285,6 +285,8 @@ def _check_seed(seed: object) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         hint = " (pass namespace.seed)" if isinstance(seed, Namespace) else ""
         raise UsageError(f"seed must be an integer{hint}, got {type(seed).__name__}")
+    if not 0 <= seed < 1 << 64:
+        raise UsageError(f"seed must lie in [0, 2**64) like Namespace.seed, got {seed}")
 
 
 def _id_array(values: object, what: str) -> npt.NDArray[np.integer]:
