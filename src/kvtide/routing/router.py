@@ -19,7 +19,9 @@ from kvtide.types import ReplicaId
 
 
 class Router:
-    """``health`` defaults to the policy's context's, so regret reports reach the policy."""
+    """``health`` defaults to the policy's context's, so regret reports reach the policy.
+    ``route`` refuses (``UsageError``) a request hashed at another block size than the
+    policy's ``RoutingContext.block_tokens``: its hashes could never match the index."""
 
     def __init__(
         self,
