@@ -19,6 +19,7 @@ from kvtide.core.cache import CacheConfig
 from kvtide.costs.cost_model import CostModel
 from kvtide.costs.memory import memory_fit
 from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.display import tokens
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError
@@ -236,6 +237,19 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
         "prefill_only": scenario.engine.prefill_only,
         "seed": scenario.seed,
     }
+
+
+def describe_tiers(scenario: Scenario) -> str:
+    """Every KV tier of a replica with its size: ``GPU 256k tokens + host 1M tokens
+    (seen-twice) + disk 4M tokens``; run headers and reports name them all."""
+    parts = [f"GPU {tokens(scenario.gpu_cache_tokens)}"]
+    if scenario.host_cache_tokens:
+        admission = scenario.host_admission
+        filtered = f" ({admission})" if admission != "none" else ""
+        parts.append(f"host {tokens(scenario.host_cache_tokens)}{filtered}")
+    if scenario.disk_cache_tokens:
+        parts.append(f"disk {tokens(scenario.disk_cache_tokens)}")
+    return " + ".join(parts)
 
 
 def network_transfer_s(model: CostModel, tokens: int) -> float:
