@@ -79,7 +79,9 @@ class RealModelEngine:
         metrics.bind_gauges(
             lambda: float(self._running),
             lambda: float(len(self._queue)),
-            lambda: 1.0 - cache.pool.num_free / cache.capacity_blocks,
+            lambda: (
+                1.0 - (cache.pool.num_free + cache.num_evictable_blocks) / cache.capacity_blocks
+            ),
         )
 
     @classmethod
