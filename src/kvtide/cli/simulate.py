@@ -15,11 +15,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
-from kvtide.quantities import flag, integer, items, text
+from kvtide.quantities import flag, items, text
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.sim.parallel import run_many
 from kvtide.sim.policies import build_policy, needs_index, policy_names
@@ -222,10 +223,6 @@ class _Given(argparse.Action):
         namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
 
 
-JOBS = flag(integer, minimum=1, maximum=256)
-"""``--jobs`` of every command that runs in parallel processes."""
-
-
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The scenario the flags describe; refuses what can be refused before reading anything."""
     load = args.load
@@ -295,36 +292,6 @@ def warn(console: Console, lines: Sequence[str]) -> None:
         console.print(f"[yellow]kvtide: warning: {line}[/yellow]", markup=True, highlight=False)
 
 
-def check_writable(path: Path | None, name: str, *, directory: bool = False) -> None:
-    """Refuses, before any run, an output path that cannot be written: a missing or read-only
-    parent folder, a folder where a file is wanted, or a file where a folder is."""
-    if path is None:
-        return
-    if directory:
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"{name}: {path} exists and is not a folder")
-        target = path if path.exists() else _existing_parent(path)
-    else:
-        if path.is_dir():
-            raise ConfigError(f"{name}: {path} is a folder, not a file")
-        if path.exists() and not os.access(path, os.W_OK):
-            raise ConfigError(f"{name}: {path} is not writable")
-        target = path.parent
-        if not target.is_dir():
-            raise ConfigError(f"{name}: {path}: folder {target} does not exist")
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise ConfigError(f"{name}: {path}: folder {target} is not writable")
-
-
-def _existing_parent(path: Path) -> Path:
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{path}: {parent} is not a folder")
-            return parent
-    return Path("/")
-
-
 def validate_names(routers: Sequence[str], eviction: str) -> None:
     """Fails fast, in this process, on a router or eviction policy that does not exist."""
     for name in routers:
@@ -345,13 +312,6 @@ def simulation_json(
 def make_console() -> Console:
     """A console whose tables are not squeezed to 80 columns when stdout is a file."""
     return Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-
-
-def write_text(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
 def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> None:

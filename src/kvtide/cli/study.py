@@ -15,16 +15,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.simulate import (
-    JOBS,
     add_fleet_arguments,
     check_from_args,
-    check_writable,
     make_console,
     run_with_progress,
     scenario_from_args,
     warn,
-    write_text,
 )
 from kvtide.cli.tiers_study import register_tiers
 from kvtide.sim.settings import flag_type

@@ -13,14 +13,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.simulate import (
-    JOBS,
-    check_writable,
     make_console,
     run_with_progress,
     validate_names,
     warn,
-    write_text,
 )
 from kvtide.errors import ConfigError
 from kvtide.sim.scenario import RunResult, Scenario

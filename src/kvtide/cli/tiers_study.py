@@ -13,17 +13,15 @@ from pathlib import Path
 
 from rich.table import Table
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.simulate import (
-    JOBS,
     add_fleet_arguments,
     check_from_args,
-    check_writable,
     make_console,
     run_with_progress,
     scenario_from_args,
     validate_names,
     warn,
-    write_text,
 )
 from kvtide.quantities import flag, items, real
 from kvtide.sim.scenario import check_scenario, prepare
