@@ -26,6 +26,7 @@ from rich.table import Table
 from kvtide import __version__
 from kvtide.cli import _tiers_args as tiers_cli
 from kvtide.cli._checks import JOBS, check_writable, write_text
+from kvtide.cli.simulate import warn
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.eviction import POLICIES
@@ -288,8 +289,7 @@ def check_args(args: argparse.Namespace) -> int:
             "disk_cache_tokens": args.disk_capacity,
         }
         check_pools(sizes, bt, _POOL_FLAGS.__getitem__)
-    if tiers_cli.has_tiers(args):
-        tiers_cli.check_tier_args(args)
+    tiers_cli.check_tier_args(args)  # even unused without tiers: a wrong name is a mistake
     return bt
 
 
@@ -327,8 +327,7 @@ def run(args: argparse.Namespace) -> int:
             oversized=oversized,
         )
         bar.remove_task(reading)
-        for line in data.skipped:
-            err.print(f"kvtide: warning: {line}", markup=False, highlight=False)
+        warn(data.skipped)
         grid = [(p, c) for p in policies for c in capacities]
         task = bar.add_task("replaying", total=len(grid) * data.num_requests)
         runs = _run_grid(data, grid, args.jobs, lambda n: bar.advance(task, n), args)

@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
     warnings = check_from_args(base, args)
     prepared = prepare(base)  # validates the workload and model before any process starts
     scenarios = [base.with_(router=r) for r in routers]
-    warn(console, [*warnings, *prepared.skipped])
+    warn([*warnings, *prepared.skipped])
     describe(console, base, prepared.description)
     results = run_with_progress(scenarios, args.jobs, console, quiet=args.quiet)
     print_table(console, results)
@@ -287,9 +287,10 @@ def check_from_args(scenario: Scenario, args: argparse.Namespace) -> list[str]:
     return check_scenario(scenario, flag_name, kv_given=given)
 
 
-def warn(console: Console, lines: Sequence[str]) -> None:
+def warn(lines: Sequence[str]) -> None:
+    """One unwrapped line per warning on stderr (a path in it must stay whole)."""
     for line in lines:
-        console.print(f"[yellow]kvtide: warning: {line}[/yellow]", markup=True, highlight=False)
+        print(f"kvtide: warning: {line}", file=sys.stderr)
 
 
 def validate_names(routers: Sequence[str], eviction: str) -> None:

@@ -84,7 +84,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
     check_writable(args.json_path, "--json")
     console = make_console()
     for spec in traffic.values():
-        warn(console, check_from_args(base.with_(workload=spec), args))
+        warn(check_from_args(base.with_(workload=spec), args))
     points = study_points(base, traffic, args.lag, args.loss)
     console.print(
         f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}, "

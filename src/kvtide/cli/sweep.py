@@ -62,12 +62,12 @@ def run(args: argparse.Namespace) -> int:
     for scenario in dict.fromkeys(scenarios):
         validate_names([scenario.router], scenario.eviction)
     console = make_console()
-    warn(console, list(dict.fromkeys(w for p in points for w in p.warnings)))
+    warn(list(dict.fromkeys(w for p in points for w in p.warnings)))
     console.print(f"sweep: {len(points)} points from {args.config}")
     results = execute(scenarios, args, console)
     skipped = sum(int(r.diagnostics.get("skipped_requests", 0)) for r in results)
     if skipped:
-        warn(console, [f"{skipped:,} request(s) longer than a replica's whole KV pool skipped"])
+        warn([f"{skipped:,} request(s) longer than a replica's whole KV pool skipped"])
     table_rows = rows(points, results)
     keys = list(points[0].values) if points else []
     table = Table()

@@ -89,7 +89,7 @@ def run_tiers(args: argparse.Namespace) -> int:
     for design, scenario in zip(designs, scenarios, strict=True):
         check_scenario(scenario, functools.partial(_tier_name, label=design.label))
     prepared = prepare(base)  # validates the workload and model before any process starts
-    warn(console, [*warnings, *prepared.skipped])
+    warn([*warnings, *prepared.skipped])
     console.print(
         f"tier study: {base.workload} ({len(prepared.requests):,} requests), "
         f"{base.replicas} × {base.model} on {base.tp} × {base.gpu}, "
