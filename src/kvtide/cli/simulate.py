@@ -328,15 +328,16 @@ def run_with_progress(
 ) -> list[RunResult]:
     if quiet:
         return run_many(scenarios, jobs)
+    names = labels if labels is not None else [s.router for s in scenarios]
+    width = max((len(name) for name in names), default=0)  # whole names, in one column
     with Progress(
-        TextColumn("{task.description:<28}"),
+        TextColumn(f"{{task.description:<{width}}}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     ) as bar:
-        names = labels if labels is not None else [s.router for s in scenarios]
         tasks: list[TaskID] = [bar.add_task(name, total=1.0) for name in names]
 
         def update(position: int, fraction: float) -> None:
