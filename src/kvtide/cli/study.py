@@ -15,15 +15,20 @@ from typing import Any
 from rich.console import Console
 
 from kvtide.cli.simulate import (
+    JOBS,
     add_fleet_arguments,
+    check_from_args,
+    check_writable,
     run_with_progress,
     scenario_from_args,
+    warn,
     write_text,
 )
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.cli.tiers_study import register_tiers
 from kvtide.display import DASH, points, seconds, signed
 from kvtide.sim.scenario import describe_tiers
+from kvtide.sim.settings import flag_type
 from kvtide.sim.study import DEFAULT_TRAFFIC, study_points, study_rows
 
 
@@ -56,17 +61,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the skewed-traffic workload (default: 8 Zipf(1.5) tenants, one bursting)",
     )
     coordinator.add_argument(
-        "--lag", type=float, default=1.0, metavar="S", help="event lag of the stale index (1 s)"
+        "--lag",
+        type=flag_type("event_delay_s"),
+        default=1.0,
+        metavar="S",
+        help="event lag of the stale index (1 s)",
     )
     coordinator.add_argument(
         "--loss",
-        type=float,
+        type=flag_type("event_loss"),
         default=0.01,
         metavar="P",
         help="event batch loss of the stale index (0.01)",
     )
     coordinator.add_argument("--json", type=Path, metavar="FILE", dest="json_path")
-    coordinator.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    coordinator.add_argument("--jobs", type=JOBS, default=min(2, os.cpu_count() or 1), metavar="N")
     coordinator.add_argument("--quiet", action="store_true", help="no progress bar")
     coordinator.set_defaults(func=run_coordinator, workload="builtin:tenants")
     register_tiers(studies)
@@ -75,8 +84,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run_coordinator(args: argparse.Namespace) -> int:
     base = scenario_from_args(args)
     traffic = {"uniform": args.uniform, "skewed": args.skewed}
-    points = study_points(base, traffic, args.lag, args.loss)
+    check_writable(args.json_path, "--json")
     console = make_console()
+    for spec in traffic.values():
+        warn(console, check_from_args(base.with_(workload=spec), args))
+    points = study_points(base, traffic, args.lag, args.loss)
     console.print(
         f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}; "
         f"KV per replica: {describe_tiers(base)}; load {base.load}, seed {base.seed}"

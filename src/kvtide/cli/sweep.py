@@ -12,7 +12,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kvtide.cli.simulate import run_with_progress, validate_names, write_text
+from kvtide.cli.simulate import (
+    JOBS,
+    check_writable,
+    run_with_progress,
+    validate_names,
+    warn,
+    write_text,
+)
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.display import count, number, plural
 from kvtide.errors import ConfigError
@@ -51,19 +58,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="json_path",
         help="the grid and every row as one JSON document",
     )
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    parser.add_argument("--jobs", type=JOBS, default=min(2, os.cpu_count() or 1), metavar="N")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        check_writable(args.out, "--out")
+        format_rows([], args.out.suffix.lower())  # an unknown format, before any run
     points = load_sweep(args.config)
     scenarios = [p.scenario for p in points]
-    for scenario in scenarios:
+    for scenario in dict.fromkeys(scenarios):
         validate_names([scenario.router], scenario.eviction)
     console = make_console()
+    warn(console, list(dict.fromkeys(w for p in points for w in p.warnings)))
     console.print(f"sweep: {plural(len(points), 'point')} from {args.config}")
     results = execute(scenarios, args, console)
+    skipped = sum(int(r.diagnostics.get("skipped_requests", 0)) for r in results)
+    if skipped:
+        longer = "longer than a replica's whole KV pool skipped"
+        warn(console, [f"{plural(skipped, 'request')} {longer}"])
     table_rows = rows(points, results)
     keys = list(points[0].values) if points else []
     metrics = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -13,15 +14,21 @@ from pathlib import Path
 from rich.console import Console
 
 from kvtide.cli.simulate import (
+    JOBS,
     add_fleet_arguments,
+    check_from_args,
+    check_writable,
     run_with_progress,
     scenario_from_args,
+    validate_names,
+    warn,
     write_text,
 )
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.display import DASH, plural, signed, tokens
-from kvtide.errors import ConfigError
-from kvtide.sim.scenario import prepare
+from kvtide.quantities import flag, items, real
+from kvtide.sim.scenario import check_scenario, prepare
+from kvtide.sim.settings import flag_name
 from kvtide.sim.tier_study import (
     DEFAULT_DISK_MULTIPLE,
     DEFAULT_HOST_MULTIPLES,
@@ -31,6 +38,9 @@ from kvtide.sim.tier_study import (
     tier_rows,
     tier_scenarios,
 )
+
+MAX_MULTIPLE = 1024.0
+"""Tier sizes beyond a thousand GPU caches are no design anyone deploys."""
 
 
 def register_tiers(studies: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,37 +62,37 @@ def register_tiers(studies: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     parser.add_argument(
         "--host-multiples",
+        type=flag(items, parse=real, minimum=0.0, maximum=MAX_MULTIPLE),
         default=",".join(f"{m:g}" for m in DEFAULT_HOST_MULTIPLES),
         metavar="X[,X...]",
         help="host tier sizes as multiples of the GPU cache (default 0,1,2,4,8)",
     )
     parser.add_argument(
         "--disk-multiple",
-        type=float,
+        type=flag(real, minimum=0.0, maximum=MAX_MULTIPLE),
         default=DEFAULT_DISK_MULTIPLE,
         metavar="X",
         help=f"disk tier under the largest host, × GPU cache (default {DEFAULT_DISK_MULTIPLE:g}; "
         "0: none)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", dest="json_path")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    parser.add_argument("--jobs", type=JOBS, default=min(2, os.cpu_count() or 1), metavar="N")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_tiers)
 
 
-def _multiples(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--host-multiples: not a list of numbers: {text!r}") from None
-
-
 def run_tiers(args: argparse.Namespace) -> int:
     base = scenario_from_args(args).with_(router=args.router)
-    designs = tier_designs(_multiples(args.host_multiples), args.disk_multiple)
-    prepared = prepare(base)  # validates the workload and model before any process starts
+    validate_names([base.router], base.eviction)
+    check_writable(args.json_path, "--json")
+    designs = tier_designs(args.host_multiples, args.disk_multiple)
     scenarios = tier_scenarios(base, designs)
     console = make_console()
+    warnings = check_from_args(base, args)
+    for design, scenario in zip(designs, scenarios, strict=True):
+        check_scenario(scenario, functools.partial(_tier_name, label=design.label))
+    prepared = prepare(base)  # validates the workload and model before any process starts
+    warn(console, [*warnings, *prepared.skipped])
     console.print(
         f"tier study: {base.workload} ({plural(len(prepared.requests), 'request')}), "
         f"{base.replicas} × {base.model} on {base.tp} × {base.gpu}; KV per replica: "
@@ -104,6 +114,12 @@ def run_tiers(args: argparse.Namespace) -> int:
         }
         write_text(args.json_path, json.dumps(doc, indent=2) + "\n")
     return 0
+
+
+def _tier_name(key: str, label: str) -> str:
+    """A tier pool is sized by --host-multiples / --disk-multiple, not by its own flag."""
+    flags = {"host_cache_tokens": "--host-multiples", "disk_cache_tokens": "--disk-multiple"}
+    return f"{flags[key]} ({label})" if key in flags else flag_name(key)
 
 
 def print_rows(console: Console, rows: Sequence[TierRow]) -> None:

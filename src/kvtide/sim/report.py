@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from kvtide.core.hashing import Namespace, request_block_hashes
 from kvtide.display import DASH, count, number, plural, seconds, tokens
 from kvtide.errors import ConfigError
+from kvtide.routing.identity import RequestHasher
 from kvtide.sim.capacity import CapacityCurve, capacity_curve
 from kvtide.sim.scenario import (
     NUM_CDF_POINTS,
@@ -73,9 +73,9 @@ def write_report(
 
 def _capacity(scenario: Scenario) -> CapacityCurve:
     prepared = prepare(scenario)
-    seed = Namespace(model=scenario.model).seed
     bt = prepared.block_tokens
-    prompts = [(request_block_hashes(r, bt, seed), r.prompt_tokens) for r in prepared.requests]
+    hasher = RequestHasher(bt, scenario.model)
+    prompts = [(hasher(r), r.prompt_tokens) for r in prepared.requests]
     fleet_tokens = scenario.replicas * scenario.gpu_cache_tokens
     capacities = [max(bt, int(fleet_tokens * f)) for f in CAPACITY_FACTORS]
     return capacity_curve(prompts, bt, scenario.eviction, capacities)
