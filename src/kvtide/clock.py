@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Protocol
 
-from kvtide.errors import ConfigError
+from kvtide.errors import ConfigError, UsageError
 
 
 class Clock(Protocol):
@@ -27,19 +28,24 @@ class ManualClock:
     __slots__ = ("_now",)
 
     def __init__(self, start: float = 0.0) -> None:
+        if not -math.inf < start < math.inf:
+            raise UsageError(f"ManualClock needs a finite start time, got {start!r}")
         self._now = start
 
     def now(self) -> float:
         return self._now
 
     def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a clock cannot go backwards")
+        if not 0 <= seconds < math.inf:  # also refuses NaN, which would freeze every comparison
+            raise UsageError(f"ManualClock.advance needs finite seconds >= 0, got {seconds!r}")
         self._now += seconds
 
     def set(self, now: float) -> None:
-        if now < self._now:
-            raise ValueError("a clock cannot go backwards")
+        if not self._now <= now < math.inf:
+            raise UsageError(
+                f"ManualClock.set({now!r}): a clock cannot go backwards from {self._now!r} "
+                "or leave the finite numbers"
+            )
         self._now = now
 
 

@@ -58,7 +58,8 @@ def test_redis_answers_like_the_in_process_index(store: RedisIndexStore) -> None
     prompts = [hash_block_ids(ids, 5) for ids in _prompts(rng, 25)]
     for _ in range(60):
         r, cache = rng.choice(list(caches.items()))
-        cache.access(rng.choice(prompts), 0)
+        p = rng.choice(prompts)
+        cache.access(p, 16 * len(p))
         events = cache.take_events()
         local.apply_all(r, events)
         store.apply_all(r, events)

@@ -21,6 +21,7 @@ from kvtide.core.block_pool import BlockPool
 from kvtide.core.eviction import EvictionPolicy
 from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
+from kvtide.errors import UsageError
 
 
 class TreeListener(Protocol):
@@ -260,6 +261,14 @@ class RadixTree:
 
     def lock(self, node: Node) -> None:
         """Protects ``node`` and its ancestors from eviction until ``unlock(node)``."""
+        if node.parent is None:
+            if node is not self.root:
+                raise UsageError(
+                    "lock of a handle whose blocks were evicted: take a fresh handle from "
+                    "match() or access() and lock that"
+                )
+            return  # the root is always cached: nothing to hold
+        node.handle_locks += 1
         while node.parent is not None:
             if node.lock_ref == 0:
                 self.num_locked_blocks += len(node.key) >> 3
@@ -269,9 +278,24 @@ class RadixTree:
             node = node.parent
 
     def unlock(self, node: Node) -> None:
+        """Releases one ``lock(node)``. A handle with no lock of its own left (a second
+        unlock, or one never locked) fails before any count moves; so does an evicted one
+        (detached, not the root), which can only have been unlocked already."""
+        if node.parent is None:
+            if node is not self.root:
+                raise UsageError(
+                    "unlock of a handle whose blocks were evicted: it was unlocked already "
+                    "(a double unlock)"
+                )
+            return
+        if node.handle_locks <= 0:
+            raise UsageError(
+                "unlock without a matching lock: this handle was unlocked already "
+                "(a double unlock) or never locked"
+            )
+        node.handle_locks -= 1
         while node.parent is not None:
-            if node.lock_ref <= 0:
-                raise ValueError("unlock without a matching lock")
+            assert node.lock_ref > 0, "an ancestor holds fewer locks than its descendants"
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self.num_locked_blocks -= len(node.key) >> 3

@@ -75,7 +75,8 @@ def test_index_fed_by_cache_events_predicts_what_every_cache_holds() -> None:
     prompts = [random_prompt(rng) for _ in range(40)]
     for _ in range(400):
         r, cache = rng.choice(list(caches.items()))
-        cache.access(rng.choice(prompts), 0)
+        p = rng.choice(prompts)
+        cache.access(p, 16 * len(p))
         idx.apply_all(r, cache.take_events())
     held = {r: cached_hashes(c) for r, c in caches.items()}
     for p in prompts:
