@@ -11,6 +11,8 @@ from kvtide.quantities import flag, integer
 
 JOBS = flag(integer, minimum=1, maximum=256)
 """``--jobs`` of every command that runs in parallel processes."""
+TP = flag(integer, minimum=1, maximum=64)
+"""``--tp``, the tensor-parallel degree, wherever a command takes a cost model."""
 
 
 def check_writable(path: Path | None, name: str, *, directory: bool = False) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -13,17 +14,22 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from kvtide.cli._checks import JOBS, check_writable, write_text
+from kvtide.cli.tables import Column, make_console
+from kvtide.cli.tables import print_table as print_table_fitted
+from kvtide.clock import ManualClock
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
+from kvtide.display import DASH, applies, number, plural, seconds
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
 from kvtide.quantities import flag, items, text
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
+from kvtide.routing.specs import build_policy, needs_index, policy_names
+from kvtide.sim.metrics import RunSummary
 from kvtide.sim.parallel import run_many
-from kvtide.sim.policies import build_policy, needs_index, policy_names
 from kvtide.sim.report import write_report
 from kvtide.sim.scenario import (
     DEFAULT_EVICTION,
@@ -31,6 +37,7 @@ from kvtide.sim.scenario import (
     Scenario,
     check_scenario,
     describe_setup,
+    describe_tiers,
     prepare,
 )
 from kvtide.sim.settings import flag_name, flag_type, outage
@@ -154,8 +161,19 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
         metavar="N",
         help="disk KV tier per replica in tokens, under the host tier (default 0: none)",
     )
-    parser.add_argument("--model", default="llama-3-8b", metavar="M", help="(default llama-3-8b)")
-    parser.add_argument("--gpu", default="h100", metavar="G", help="(default h100)")
+    parser.add_argument(
+        "--model",
+        default="llama-3-8b",
+        metavar="M",
+        help=f"model preset ({', '.join(sorted(MODEL_PRESETS))}) or a path to a Hugging Face "
+        "config.json (default llama-3-8b)",
+    )
+    parser.add_argument(
+        "--gpu",
+        default="h100",
+        metavar="G",
+        help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default h100)",
+    )
     parser.add_argument(
         "--tp", type=flag_type("tp"), default=1, metavar="N", help="tensor parallel (1)"
     )
@@ -296,9 +314,9 @@ def warn(lines: Sequence[str]) -> None:
 def validate_names(routers: Sequence[str], eviction: str) -> None:
     """Fails fast, in this process, on a router or eviction policy that does not exist."""
     for name in routers:
-        ctx = RoutingContext(index=GlobalPrefixIndex(16) if needs_index(name) else None)
-        build_policy(name, ctx)
-    KVCache(CacheConfig(1, policy=eviction))
+        index = GlobalPrefixIndex(16) if needs_index(name) else None
+        build_policy(name, RoutingContext(clock=ManualClock(), index=index))
+    KVCache(CacheConfig(1, policy=eviction), ManualClock())
 
 
 def simulation_json(
@@ -310,24 +328,25 @@ def simulation_json(
     }
 
 
-def make_console() -> Console:
-    """A console whose tables are not squeezed to 80 columns when stdout is a file."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-
-
 def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{workload['name']}[/bold]: {workload['requests']:,} requests over "
-        f"{workload['span_s']:,.0f} s, prompts {workload['prompt_tokens_mean']:,.0f} tokens "
-        f"and outputs {workload['output_tokens_mean']:,.0f} on average, offered load "
-        f"{workload['offered_load']:.2f}"
+        f"[bold]{workload['name']}[/bold]: {plural(int(workload['requests']), 'request')} over "
+        f"{seconds(float(workload['span_s']))}, prompts {workload['prompt_tokens_mean']:,.0f} "
+        f"tokens and outputs {workload['output_tokens_mean']:,.0f} on average, "
+        f"{_load(float(workload['offered_load']))}"
     )
     disagg = f" + {scenario.decode_replicas} decode" if scenario.decode_replicas else ""
     console.print(
-        f"{scenario.replicas}{disagg} × {scenario.model} on {scenario.tp} × {scenario.gpu}, "
-        f"{scenario.gpu_cache_tokens:,} KV tokens each, {workload['block_tokens']}-token "
-        f"blocks, eviction {scenario.eviction}, seed {scenario.seed}"
+        f"{scenario.replicas}{disagg} × {scenario.model} on {scenario.tp} × {scenario.gpu}; "
+        f"KV per replica: {describe_tiers(scenario)}; {workload['block_tokens']}-token blocks, "
+        f"eviction {scenario.eviction}, seed {scenario.seed}"
     )
+
+
+def _load(offered: float) -> str:
+    if math.isfinite(offered):
+        return f"offered load {offered:.2f}"
+    return "all at one instant (no offered load)"  # a trace whose rows share one timestamp
 
 
 def run_with_progress(
@@ -340,15 +359,16 @@ def run_with_progress(
 ) -> list[RunResult]:
     if quiet:
         return run_many(scenarios, jobs)
+    names = labels if labels is not None else [s.router for s in scenarios]
+    width = max((len(name) for name in names), default=0)  # whole names, in one column
     with Progress(
-        TextColumn("{task.description:<28}"),
+        TextColumn(f"{{task.description:<{width}}}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     ) as bar:
-        names = labels if labels is not None else [s.router for s in scenarios]
         tasks: list[TaskID] = [bar.add_task(name, total=1.0) for name in names]
 
         def update(position: int, fraction: float) -> None:
@@ -357,35 +377,59 @@ def run_with_progress(
         return run_many(scenarios, jobs, update)
 
 
+_TIERS = ("device", "host", "disk")
+
+
 def print_table(console: Console, results: Sequence[RunResult]) -> None:
-    table = Table(title="times in seconds; best of each column in bold")
-    columns: list[tuple[str, Callable[[RunResult], float], str, bool]] = [
-        ("TTFT mean", lambda r: r.summary.ttft_s.mean, "{:.3f}", False),
-        ("TTFT p50", lambda r: r.summary.ttft_s.p50, "{:.3f}", False),
-        ("TTFT p99", lambda r: r.summary.ttft_s.p99, "{:.3f}", False),
-        ("TPOT p50", lambda r: r.summary.tpot_s.p50, "{:.4f}", False),
-        ("E2E p50", lambda r: r.summary.e2e_s.p50, "{:.2f}", False),
-        ("hit ratio", lambda r: r.summary.hit_ratio, "{:.1%}", True),
-        ("tok/s", lambda r: r.summary.throughput_tok_s, "{:,.0f}", True),
-        ("imbalance", lambda r: r.summary.load_imbalance, "{:.2f}", False),
-        ("evict/s", lambda r: r.summary.evictions_per_s, "{:,.0f}", False),
-        ("prefill Mtok", lambda r: r.summary.prefill_tokens_computed / 1e6, "{:,.2f}", False),
+    """One row per run; with lower tiers, the hit ratio of every tier and their sum."""
+    tiers = [t for t in _TIERS if any(t in r.summary.hit_ratio_by_tier for r in results)]
+    hit = "hit ratio\nall tiers" if len(tiers) > 1 else "hit\nratio"
+    metrics: list[tuple[Column, Callable[[RunSummary], float], str, bool]] = [
+        (Column("TTFT\nmean", "ttft"), lambda s: s.ttft_s.mean, ".3f", False),
+        (Column("TTFT\np50", "ttft"), lambda s: s.ttft_s.p50, ".3f", False),
+        (Column("TTFT\np99", "ttft"), lambda s: s.ttft_s.p99, ".3f", False),
+        (Column("TPOT\np50", "decode"), lambda s: s.tpot_s.p50, ".4f", False),
+        (Column("E2E\np50", "decode"), lambda s: s.e2e_s.p50, ".2f", False),
+        (Column(hit, "hits"), lambda s: s.hit_ratio, ".1%", True),
     ]
-    table.add_column("router", no_wrap=True)
-    for name, *_ in columns:
-        table.add_column(name, justify="right", no_wrap=True)
-    best = {
-        name: (max if higher else min)(get(r) for r in results) for name, get, _, higher in columns
-    }
+    if len(tiers) > 1:
+        metrics += [
+            (Column(f"{tier}\nhits", "hits"), _tier_hits(tier), ".1%", True) for tier in tiers
+        ]
+    metrics += [
+        (Column("tok/s", "fleet"), lambda s: s.throughput_tok_s, ",.0f", True),
+        (Column("imbal-\nance", "fleet"), lambda s: s.load_imbalance, ".2f", False),
+        (Column("evict/s", "fleet"), lambda s: s.evictions_per_s, ",.0f", False),
+        (
+            Column("prefill\nMtok", "fleet"),
+            lambda s: s.prefill_tokens_computed / 1e6,
+            ",.2f",
+            False,
+        ),
+    ]
+    rows = []
     for result in results:
-        cells = []
-        for name, get, fmt, _ in columns:
-            text = fmt.format(get(result))
-            cells.append(
-                f"[bold]{text}[/bold]" if len(results) > 1 and get(result) == best[name] else text
-            )
-        table.add_row(result.summary.router, *cells)
-    console.print(table)
+        cells = [result.summary.router]
+        for _, get, spec, higher in metrics:
+            value = get(result.summary)
+            text = number(value, spec)
+            others = [get(r.summary) for r in results if applies(get(r.summary))]
+            best = (max if higher else min)(others) if others else None
+            is_best = len(results) > 1 and applies(value) and value == best
+            cells.append(f"[bold]{text}[/bold]" if is_best else text)
+        rows.append(cells)
+    notes = ["times in seconds; the best of each column in bold"]
+    if len(tiers) > 1:
+        notes.append(f"hits by tier add up to all tiers ({' + '.join(tiers)})")
+    if any(not applies(r.summary.tpot_s.p50) for r in results):
+        notes.append(f"{DASH}: does not apply (no request decoded past its first token)")
+    print_table_fitted(
+        console, "runs", [Column("router")], [m[0] for m in metrics], rows, caption="; ".join(notes)
+    )
     unserved = sum(r.unserved for r in results)
     if unserved:
-        console.print(f"[yellow]{unserved} request(s) found no healthy replica[/yellow]")
+        console.print(f"[yellow]{plural(unserved, 'request')} found no healthy replica[/yellow]")
+
+
+def _tier_hits(tier: str) -> Callable[[RunSummary], float]:
+    return lambda s: s.hit_ratio_by_tier.get(tier, 0.0)

@@ -11,18 +11,19 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.table import Table
+from rich.console import Console
 
 from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.simulate import (
     add_fleet_arguments,
     check_from_args,
-    make_console,
     run_with_progress,
     scenario_from_args,
     validate_names,
     warn,
 )
+from kvtide.cli.tables import Column, make_console, print_table
+from kvtide.display import DASH, plural, signed, tokens
 from kvtide.quantities import flag, items, real
 from kvtide.sim.scenario import check_scenario, prepare
 from kvtide.sim.settings import flag_name
@@ -91,16 +92,16 @@ def run_tiers(args: argparse.Namespace) -> int:
     prepared = prepare(base)  # validates the workload and model before any process starts
     warn([*warnings, *prepared.skipped])
     console.print(
-        f"tier study: {base.workload} ({len(prepared.requests):,} requests), "
-        f"{base.replicas} × {base.model} on {base.tp} × {base.gpu}, "
-        f"{base.gpu_cache_tokens:,} GPU KV tokens each, router {base.router}, "
+        f"tier study: {base.workload} ({plural(len(prepared.requests), 'request')}), "
+        f"{base.replicas} × {base.model} on {base.tp} × {base.gpu}; KV per replica: "
+        f"GPU {tokens(base.gpu_cache_tokens)} + the tiers of each row; router {base.router}, "
         f"load {base.load}, seed {base.seed}"
     )
     results = run_with_progress(
-        scenarios, args.jobs, console, quiet=args.quiet, labels=[d.label[:28] for d in designs]
+        scenarios, args.jobs, console, quiet=args.quiet, labels=[d.label for d in designs]
     )
     rows = tier_rows(designs, scenarios, results)
-    console.print(_table(rows))
+    print_rows(console, rows)
     for line in tier_findings(rows):
         console.print(f"• {line}")
     if args.json_path is not None:
@@ -119,35 +120,46 @@ def _tier_name(key: str, label: str) -> str:
     return f"{flags[key]} ({label})" if key in flags else flag_name(key)
 
 
-def _table(rows: Sequence[TierRow]) -> Table:
-    table = Table(title="tiers per replica; filter costs against the same tiers unfiltered")
-    for name in (
-        "tiers",
-        "hit ratio",
-        "device",
-        "host",
-        "disk",
-        "TTFT p50",
-        "TTFT p99",
-        "host GB/s",
-        "disk GB/s",
-        "writes cut",
-        "hit lost (pts)",
-    ):
-        table.add_column(name, justify="left" if name == "tiers" else "right")
+def print_rows(console: Console, rows: Sequence[TierRow]) -> None:
+    columns = [
+        Column("hit ratio\nall tiers", "hits"),
+        Column("device\nhits", "hits"),
+        Column("host\nhits", "hits"),
+        Column("disk\nhits", "hits"),
+        Column("TTFT\np50", "ttft"),
+        Column("TTFT\np99", "ttft"),
+        Column("host\nGB/s", "writes"),
+        Column("disk\nGB/s", "writes"),
+        Column("writes\ncut", "filter"),
+        Column("hit change\n(points)", "filter"),
+    ]
+    cells = []
     for r in rows:
         by_tier = r.hit_ratio_by_tier
-        table.add_row(
-            r.design,
-            f"{r.hit_ratio:.1%}",
-            f"{by_tier.get('device', 0.0):.1%}",
-            f"{by_tier['host']:.1%}" if "host" in by_tier else "—",
-            f"{by_tier['disk']:.1%}" if "disk" in by_tier else "—",
-            f"{r.ttft_p50_s:.3f}",
-            f"{r.ttft_p99_s:.3f}",
-            f"{r.host_write_gb_per_s:.2f}" if r.host_tokens else "—",
-            f"{r.disk_write_gb_per_s:.2f}" if r.disk_tokens else "—",
-            "—" if r.filter_write_cut is None else f"{r.filter_write_cut:.0%}",
-            "—" if r.filter_hit_loss_points is None else f"{r.filter_hit_loss_points:.2f}",
+        loss = r.filter_hit_loss_points
+        cells.append(
+            [
+                r.design,
+                f"{r.hit_ratio:.1%}",
+                f"{by_tier.get('device', 0.0):.1%}",
+                f"{by_tier['host']:.1%}" if "host" in by_tier else DASH,
+                f"{by_tier['disk']:.1%}" if "disk" in by_tier else DASH,
+                f"{r.ttft_p50_s:.3f}",
+                f"{r.ttft_p99_s:.3f}",
+                f"{r.host_write_gb_per_s:.2f}" if r.host_tokens else DASH,
+                f"{r.disk_write_gb_per_s:.2f}" if r.disk_tokens else DASH,
+                DASH if r.filter_write_cut is None else f"{r.filter_write_cut:.0%}",
+                DASH if loss is None else signed(-loss, ".2f"),
+            ]
         )
-    return table
+    print_table(
+        console,
+        "tiers per replica; the filter's changes against the same tiers unfiltered",
+        [Column("tiers")],
+        columns,
+        cells,
+    )
+    console.print(
+        f"times in seconds; hits by tier add up to all tiers; GB/s: KV written per simulated "
+        f"second, all replicas; {DASH}: does not apply"
+    )

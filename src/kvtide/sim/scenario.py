@@ -16,18 +16,19 @@ import numpy as np
 
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig
-from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
 from kvtide.costs.cost_model import CostModel
 from kvtide.costs.memory import memory_fit
 from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.display import tokens
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
+from kvtide.routing.identity import RequestHasher
+from kvtide.routing.specs import build_policy, needs_index
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import RunSummary, TimeSeries
-from kvtide.sim.policies import build_policy, needs_index
 from kvtide.sim.settings import check_pools
 from kvtide.types import Request
 from kvtide.workloads import open_workload
@@ -241,6 +242,19 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
     }
 
 
+def describe_tiers(scenario: Scenario) -> str:
+    """Every KV tier of a replica with its size: ``GPU 256k tokens + host 1M tokens
+    (seen-twice) + disk 4M tokens``; run headers and reports name them all."""
+    parts = [f"GPU {tokens(scenario.gpu_cache_tokens)}"]
+    if scenario.host_cache_tokens:
+        admission = scenario.host_admission
+        filtered = f" ({admission})" if admission != "none" else ""
+        parts.append(f"host {tokens(scenario.host_cache_tokens)}{filtered}")
+    if scenario.disk_cache_tokens:
+        parts.append(f"disk {tokens(scenario.disk_cache_tokens)}")
+    return " + ".join(parts)
+
+
 def network_transfer_s(model: CostModel, tokens: int) -> float:
     """Seconds to ship ``tokens`` tokens of KV between two instances over their NICs (each
     tensor-parallel rank sends its shard over its own NIC share, in parallel)."""
@@ -260,11 +274,7 @@ def run(
     model = cost_model(scenario)
     clock = ManualClock(requests[0].arrival_s)
     loop = EventLoop(clock)
-    seed = Namespace(model=scenario.model).seed
-
-    def hasher(request: Request) -> BlockHashes:
-        return request_block_hashes(request, block_tokens, seed)
-
+    hasher = RequestHasher(block_tokens, scenario.model)
     capacity_blocks = scenario.gpu_cache_tokens // block_tokens
     span_s = requests[-1].arrival_s - requests[0].arrival_s
     config = FleetConfig(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,9 @@ def row(point: SweepPoint, result: RunResult) -> dict[str, object]:
         "evictions_per_s": s.evictions_per_s,
         "prefill_tokens_computed": s.prefill_tokens_computed,
     }
-    return {**point.values, **metrics}
+    # A metric that does not apply (TPOT of a prefill-only pool) is empty, not NaN.
+    clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+    return {**point.values, **clean}
 
 
 def rows(points: Sequence[SweepPoint], results: Sequence[RunResult]) -> list[dict[str, object]]:
