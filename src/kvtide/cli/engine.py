@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvtide.cli._checks import TP
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
 from kvtide.quantities import flag, integer, real, tokens
 
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="G",
         help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default h100)",
     )
-    p.add_argument("--tp", type=count, default=1, metavar="N", help="tensor parallel (1)")
+    p.add_argument("--tp", type=TP, default=1, metavar="N", help="tensor parallel (1)")
     p.add_argument(
         "--kv-cache-tokens",
         type=flag(tokens, minimum=1),
