@@ -397,7 +397,8 @@ class Scheduler:
         if fetch is not None and fetched:
             seq.onboard_s = fetch.seconds
         self._start_prefill(seq, target, cached)
-        if seq.hit_tokens < 0:
+        if seq.hit_tokens < 0:  # first admission: the cache counts and classifies the lookup
+            cache.count_lookup(hashes, hit, req.prompt_tokens, tenant=req.tenant)
             self._count_hits(seq, cached, fetched=fetched)
         return True
 
