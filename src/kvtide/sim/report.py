@@ -17,6 +17,7 @@ from kvtide.errors import ConfigError
 from kvtide.sim.capacity import CapacityCurve, capacity_curve
 from kvtide.sim.scenario import NUM_CDF_POINTS, RunResult, Scenario, describe_setup, prepare
 from kvtide.sim.svg import Line, heatmap, line_chart
+from kvtide.sim.telemetry_report import render_telemetry
 
 CAPACITY_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -144,6 +145,7 @@ def render(
             log_x=True,
             y_percent=True,
         ),
+        render_telemetry(results),
         "<h2>Definitions</h2><p class='note'>TTFT: arrival to first token. TPOT: seconds "
         "per output token after the first. E2E: arrival to last token. Hit ratio: prompt "
         "tokens found cached at first admission over all prompt tokens. Throughput: prompt "

@@ -27,6 +27,8 @@ from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import RunSummary, TimeSeries
 from kvtide.sim.policies import build_policy, needs_index
+from kvtide.sim.telemetry import FleetTelemetry, PoolShrink, TelemetryResult
+from kvtide.telemetry.detector import DetectorConfig
 from kvtide.types import Request
 from kvtide.workloads import open_workload
 
@@ -109,6 +111,8 @@ class RunResult:
     """Simulated seconds from the first arrival to the last event."""
     diagnostics: dict[str, float] = field(default_factory=dict)
     """Index health and event-channel counters (routing regret, losses, resyncs)."""
+    telemetry: TelemetryResult | None = None
+    """The cache metrics over time and the early warning's alerts (``sim.telemetry``)."""
 
 
 def cost_model(scenario: Scenario) -> CostModel:
@@ -192,9 +196,13 @@ def run(
     scenario: Scenario,
     prepared: PreparedWorkload | None = None,
     progress: Callable[[float], None] | None = None,
+    *,
+    detector: DetectorConfig | None = None,
+    shrink: PoolShrink | None = None,
 ) -> RunResult:
     """Replays the scenario's workload through a fresh fleet; ``progress`` gets the fraction
-    of the arrival span simulated so far."""
+    of the arrival span simulated so far. ``detector`` configures the early warning run on the
+    fleet's telemetry; ``shrink`` takes device memory away from every replica step by step."""
     prepared = prepared or prepare(scenario)
     requests = prepared.requests
     block_tokens = prepared.block_tokens
@@ -203,8 +211,13 @@ def run(
     loop = EventLoop(clock)
     seed = Namespace(model=scenario.model).seed
 
+    observed: list[FleetTelemetry] = []  # set once the fleet exists
+
     def hasher(request: Request) -> BlockHashes:
-        return request_block_hashes(request, block_tokens, seed)
+        hashes = request_block_hashes(request, block_tokens, seed)
+        for telemetry in observed:
+            telemetry.routed(hashes)
+        return hashes
 
     capacity_blocks = scenario.gpu_cache_tokens // block_tokens
     span_s = max(requests[-1].arrival_s - requests[0].arrival_s, 1e-9)
@@ -258,11 +271,14 @@ def run(
         recompute_s=model.prefill_compute_time,
         tier_cost=model,
     )
+    telemetry = FleetTelemetry(fleet, loop, requests[0].arrival_s, detector, shrink)
+    observed.append(telemetry)
     feed = _Feed(iter(requests), fleet, loop)
     feed.schedule_next()
     sampler = _Sampler(fleet, loop, config.sample_interval_s, requests[0].arrival_s, span_s)
     sampler.progress = progress
     sampler.start()
+    telemetry.start()
     loop.run()
     fleet.metrics.sample(fleet.sample())
     summary = fleet.metrics.summarize(
@@ -284,6 +300,7 @@ def run(
         len(fleet.unserved),
         clock.now() - requests[0].arrival_s,
         _diagnostics(fleet),
+        telemetry.result(),
     )
 
 

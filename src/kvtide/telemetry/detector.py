@@ -7,14 +7,18 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
 
 * **pool_undersized**: the share of prompt tokens recomputed because their blocks were evicted
   and wanted again (the *regret ratio*) rose by at least ``min_regret_rise`` over its baseline
-  (and by ``regret_factor`` relative to it), eviction velocity rose by ``evict_factor``, arrivals
-  stayed within ``steady_tolerance`` of their baseline, most misses are not cold, and the pool
-  was already evicting when the baseline began (so a fleet still filling cannot trip it).
-* **cold_start**: most missed tokens are first uses (``cold_share``): misses a bigger pool would
-  not fix; reported so that an operator does not mistake a warming fleet for a small one.
-* **fragmentation**: eviction velocity rose with steady arrivals while the blocks held outside
-  the prefix cache (partial last blocks, generated tokens, slots reserved ahead: used minus
-  cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool.
+  (and by ``regret_factor`` relative to it), eviction velocity did not fall (``evict_factor``:
+  in a full pool evictions follow insertions, i.e. misses, so a few points of hit ratio move
+  it by only a few percent), arrivals stayed within ``steady_tolerance`` of their baseline,
+  and the pool was already evicting when the baseline began (a fleet still filling cannot
+  trip it). Cold misses do not move the regret ratio, so a workload of mostly first uses
+  (compulsory misses) does not trip it either.
+* **cold_start**: the pool has not been evicting for a whole baseline yet and most missed
+  tokens are first uses (``max_cold_share``): misses a bigger pool would not fix; reported so
+  that an operator does not mistake a warming fleet for a small one.
+* **fragmentation**: eviction velocity did not fall with steady arrivals while the blocks held
+  outside the prefix cache (partial last blocks, generated tokens, slots reserved ahead: used
+  minus cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool.
 
 Why ``min_regret_rise`` = 2 % of prompt tokens: a regretted token is recomputed, so the rise
 adds that share of the offered tokens to the prefill work. Queueing delay grows as
@@ -53,15 +57,15 @@ LOG = logging.getLogger("kvtide.alerts")
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    fast_s: float = 120.0
-    slow_s: float = 1800.0
+    fast_s: float = 300.0
+    slow_s: float = 900.0
     interval_s: float = 30.0
     """How often the rules are evaluated (the detector should be updated as often)."""
     for_s: float = 60.0
     """How long a condition must hold before its alert fires (Prometheus ``for``)."""
     min_regret_rise: float = 0.02
     regret_factor: float = 1.2
-    evict_factor: float = 1.05
+    evict_factor: float = 1.0
     steady_tolerance: float = 0.25
     max_cold_share: float = 0.5
     private_factor: float = 1.25
@@ -178,8 +182,17 @@ class EarlyWarning:
         va, vb = float(getattr(a, attr)), float(getattr(b, attr))
         return va + f * (vb - va)
 
-    def _increase(self, attr: str, end: float, span: float) -> float | None:
-        hi, lo = self._at(end, attr), self._at(end - span, attr)
+    def _increase(
+        self, attr: str, end: float, span: float, *, partial: bool = False
+    ) -> float | None:
+        """The counter's gain over ``(end - span, end]``; with ``partial`` a window reaching
+        before the history starts at the first sample (Prometheus, too, computes a range over
+        the samples it has: its extrapolation scales every series of a window alike, so
+        ratios and signs agree)."""
+        start = end - span
+        if partial and self._times and start < self._times[0]:
+            start = self._times[0]
+        hi, lo = self._at(end, attr), self._at(start, attr)
         if hi is None or lo is None:
             return None
         return max(hi - lo, 0.0)
@@ -198,14 +211,17 @@ class EarlyWarning:
         base_end = now - f
         nan = math.nan
 
-        def inc(attr: str, end: float, span: float) -> float:
-            v = self._increase(attr, end, span)
+        def inc(attr: str, end: float, span: float, partial: bool = False) -> float:
+            v = self._increase(attr, end, span, partial=partial)
             return nan if v is None else v
 
-        prompt = inc("prompt_tokens", now, f)
-        if math.isnan(prompt):
+        if len(self._times) < 2:
             return None
-        regret, cold = inc("miss_evicted_tokens", now, f), inc("miss_cold_tokens", now, f)
+        prompt = inc("prompt_tokens", now, f)
+        cold_fast = inc("miss_cold_tokens", now, f, True)
+        regret_part = inc("miss_evicted_tokens", now, f, True)
+        regret = inc("miss_evicted_tokens", now, f)
+        cold = cold_fast
         warm = inc("evicted_blocks", now - s, f)
         return Signals(
             time_s=now,
@@ -215,9 +231,9 @@ class EarlyWarning:
             ),
             evict_fast=inc("evicted_blocks", now, f) / f,
             evict_slow=inc("evicted_blocks", base_end, s) / s,
-            arrivals_fast=inc("lookups", now, f) / f,
+            arrivals_fast=inc("lookups", now, f, True) / f,
             arrivals_slow=inc("lookups", base_end, s) / s,
-            cold_share=_ratio(cold, cold + regret),
+            cold_share=_ratio(cold, cold + regret_part),
             is_warm=warm > 0,
             private_fast=self._mean("private_blocks", now, f),
             private_slow=self._mean("private_blocks", base_end, s),
@@ -238,7 +254,6 @@ class EarlyWarning:
             g.is_warm
             and steady
             and evict_rising
-            and g.cold_share < c.max_cold_share
             and rise >= c.min_regret_rise
             and g.regret_fast >= c.regret_factor * g.regret_slow
         ):
@@ -246,10 +261,10 @@ class EarlyWarning:
                 f"pool undersized: evicted-then-wanted tokens are {g.regret_fast:.1%} of prompt "
                 f"tokens over the last {c.fast_s:.0f}s, up from {g.regret_slow:.1%} over the "
                 f"{c.slow_s:.0f}s before (+{rise:.1%}); eviction velocity {g.evict_fast:,.1f} "
-                f"blocks/s, up from {g.evict_slow:,.1f}; {arrivals}; only {g.cold_share:.0%} "
-                "of misses are cold"
+                f"blocks/s, up from {g.evict_slow:,.1f}; {arrivals}; {g.cold_share:.0%} of "
+                "missed tokens are first uses"
             )
-        if g.arrivals_fast > 0 and g.cold_share >= c.max_cold_share:
+        if not g.is_warm and g.arrivals_fast > 0 and g.cold_share >= c.max_cold_share:
             out["cold_start"] = (
                 f"cold start: {g.cold_share:.0%} of missed tokens over the last {c.fast_s:.0f}s "
                 "are first uses, which a larger pool would not serve; evicted-then-wanted "

@@ -26,41 +26,47 @@ class HotPrefixes:
     last full block), counted with Space-Saving (Metwally et al., ICDT'05): ``capacity``
     counters whose top entries are the heavy hitters, in O(1) memory per counter."""
 
-    __slots__ = ("capacity", "counts", "depth_blocks")
+    __slots__ = ("capacity", "counts", "depth_blocks", "paths")
 
     def __init__(self, capacity: int = 64, depth_blocks: int = 4) -> None:
         self.capacity = capacity
         self.depth_blocks = depth_blocks
         self.counts: dict[BlockHash, int] = {}
+        self.paths: dict[BlockHash, tuple[BlockHash, ...]] = {}
 
     def add(self, hashes: Sequence[BlockHash]) -> None:
-        if not len(hashes):
+        depth = min(len(hashes), self.depth_blocks)
+        if not depth:
             return
-        key = hashes[min(len(hashes), self.depth_blocks) - 1]
+        key = hashes[depth - 1]
         counts = self.counts
         n = counts.get(key)
         if n is not None:
             counts[key] = n + 1
-        elif len(counts) < self.capacity:
+            return
+        if len(counts) < self.capacity:
             counts[key] = 1
         else:  # replace the smallest counter, inheriting its count (the Space-Saving step)
             victim = min(counts, key=counts.__getitem__)
             counts[key] = counts.pop(victim) + 1
+            del self.paths[victim]
+        self.paths[key] = tuple(hashes[:depth])
 
-    def top(self, k: int) -> list[BlockHash]:
-        return sorted(self.counts, key=lambda h: -self.counts[h])[:k]
+    def top(self, k: int) -> list[tuple[BlockHash, ...]]:
+        """The ``k`` most counted prefixes, as block-hash paths from the root."""
+        return [self.paths[h] for h in sorted(self.counts, key=lambda h: -self.counts[h])[:k]]
 
 
 class RouterTelemetry:
-    """``holders(block)`` counts the replicas holding ``block`` (the router's index, or in
-    the simulator the caches themselves); the replication factor is its mean over the
+    """``holders(path)`` counts the replicas holding the prefix ``path`` (from the router's
+    index, or in the simulator the caches themselves); the replication factor is its mean over the
     ``top`` hottest prefixes. Call ``routed`` per routed request, ``collect`` periodically."""
 
     def __init__(
         self,
         recorder: Recorder,
         health: IndexHealth,
-        holders: Callable[[BlockHash], int],
+        holders: Callable[[Sequence[BlockHash]], int],
         *,
         hot: HotPrefixes | None = None,
         top: int = 16,

@@ -132,12 +132,12 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
             f"and kvtide:cache_regret_ratio:fast >= {c.regret_factor:g} * "
             "kvtide:cache_regret_ratio:slow\n"
             f"and {rising}\nand {steady}\n"
-            f"and kvtide:cache_cold_share:fast < {c.max_cold_share:g}\n"
             "and kvtide:cache_evictions:warm > 0"
         ),
         "cold_start": (
             f"kvtide:cache_cold_share:fast >= {c.max_cold_share:g}\n"
-            "and kvtide:cache_lookups_per_s:fast > 0"
+            "and kvtide:cache_lookups_per_s:fast > 0\n"
+            "unless kvtide:cache_evictions:warm > 0"
         ),
         "fragmentation": (
             f"{private_fast} >= {c.private_factor:g} * {private_slow}\n"
