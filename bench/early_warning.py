@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import subprocess
 import sys
 import time
@@ -58,13 +59,18 @@ def degraded_at(steady: TelemetryResult, shrunk: TelemetryResult, after_s: float
     return None
 
 
-def measure(scenario: Scenario, shrink: PoolShrink, config: DetectorConfig) -> dict[str, Any]:
+def measure(
+    scenario: Scenario, shrink: PoolShrink, config: DetectorConfig, dump: Path | None = None
+) -> dict[str, Any]:
     prepared = prepare(scenario)
     t0 = time.perf_counter()
     steady = run(scenario, prepared, detector=config).telemetry
     shrunk = run(scenario, prepared, detector=config, shrink=shrink).telemetry
     wall_s = time.perf_counter() - t0
     assert steady is not None and shrunk is not None
+    if dump is not None:  # both runs' telemetry, to replay other detector settings offline
+        with dump.open("wb") as out:
+            pickle.dump((steady, shrunk, shrink), out)
     start = steady.times_s[0] - config.interval_s if steady.times_s else 0.0
     shrink_at = start + shrink.start_s
     first_evict = next(
@@ -129,6 +135,7 @@ def main() -> int:
     parser.add_argument("--shrink-fraction", type=float, default=0.05)
     parser.add_argument("--shrink-steps", type=int, default=16)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--dump", type=Path, help="pickle each workload's telemetry to DIR/N.pkl")
     args = parser.parse_args()
     config = DetectorConfig()
     try:
@@ -155,7 +162,8 @@ def main() -> int:
         if args.prefill_only:
             scenario = scenario.with_(engine=EngineConfig(prefill_only=True))
         try:
-            row = measure(scenario, shrink, config)
+            dump = args.dump / f"{len(rows)}.pkl" if args.dump else None
+            row = measure(scenario, shrink, config, dump)
         except KvtideError as exc:
             print(f"early_warning: {workload}: {exc}", file=sys.stderr)
             return 2

@@ -67,7 +67,8 @@ class TelemetryResult:
     alerts: list[Alert]
     histograms: dict[str, Histogram]
     replication: list[float] = field(default_factory=list)
-    exposition: str = ""
+    samples: list[Sample] = field(default_factory=list)
+    """The detector's inputs at every tick: replay them through another ``DetectorConfig``."""
 
     def first_alert_s(self, name: str) -> float | None:
         return next((a.time_s for a in self.alerts if a.name == name), None)
@@ -103,6 +104,7 @@ class FleetTelemetry:
         self._owed = [0] * len(fleet.replicas)
         self._ticks: list[tuple[float, Values]] = []
         self._replication: list[float] = []
+        self._samples: list[Sample] = []
 
     def _holders(self, path: Sequence[BlockHash]) -> int:
         hashes = list(path)
@@ -140,7 +142,9 @@ class FleetTelemetry:
         for tel in self.caches:
             tel.collect()
         self.router.collect()
-        self.detector.update(Sample.of(now, self.recorders))
+        sample = Sample.of(now, self.recorders)
+        self._samples.append(sample)
+        self.detector.update(sample)
         merged: Values = {}
         for rec in self.recorders:
             for key, v in rec.values.items():
@@ -210,6 +214,7 @@ class FleetTelemetry:
             alerts=list(self.detector.history),
             histograms=histograms,
             replication=self._replication[1:],
+            samples=list(self._samples),
         )
 
     def _rolling_ttft_p99(self, times: Sequence[float]) -> list[float]:

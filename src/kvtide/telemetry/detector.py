@@ -5,14 +5,14 @@ The detector compares a fast window (the last ``fast_s``) with a baseline (the `
 before it) over cumulative counters, exactly as the Prometheus rules of ``rules.py`` do with
 ``increase(x[fast])`` and ``increase(x[slow] offset fast)``:
 
-* **pool_undersized**: the share of prompt tokens recomputed because their blocks were evicted
-  and wanted again (the *regret ratio*) rose by at least ``min_regret_rise`` over its baseline
-  (and by ``regret_factor`` relative to it), eviction velocity did not fall (``evict_factor``:
-  in a full pool evictions follow insertions, i.e. misses, so a few points of hit ratio move
-  it by only a few percent), arrivals stayed within ``steady_tolerance`` of their baseline,
-  and the pool was already evicting when the baseline began (a fleet still filling cannot
-  trip it). Cold misses do not move the regret ratio, so a workload of mostly first uses
-  (compulsory misses) does not trip it either.
+* **pool_undersized**: the share of the prefill work (prompt tokens not found on the device)
+  spent on blocks that were evicted and wanted again (the *regret ratio*) rose by at least
+  ``min_regret_rise`` over its baseline (and by ``regret_factor`` relative to it); eviction
+  velocity did not fall (``evict_factor``: in a full pool evictions follow insertions, i.e.
+  misses, so a few points of hit ratio move it by only a few percent); arrivals stayed within
+  ``steady_tolerance`` of their baseline; and the pool was already evicting when the baseline
+  began (a fleet still filling cannot trip it). Cold misses do not move the regret ratio, so a
+  workload of mostly first uses (compulsory misses) does not trip it either.
 * **cold_start**: the pool has not been evicting for a whole baseline yet and most missed
   tokens are first uses (``max_cold_share``): misses a bigger pool would not fix; reported so
   that an operator does not mistake a warming fleet for a small one.
@@ -20,12 +20,13 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
   outside the prefix cache (partial last blocks, generated tokens, slots reserved ahead: used
   minus cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool.
 
-Why ``min_regret_rise`` = 2 % of prompt tokens: a regretted token is recomputed, so the rise
-adds that share of the offered tokens to the prefill work. Queueing delay grows as
-rho / (1 - rho); at a load of 0.7 and a hit ratio near 0.3, TTFT p99 rises by 20 % once the
-work grows by about 5 %, i.e. a regret rise near 3.7 % of prompt tokens. Warning at 2 % leaves
-the margin to act. The windows follow the workload's time scales: the fast one holds enough
-requests for a stable ratio, the baseline several reuse-gap medians (about 2 minutes on
+Why the regret ratio is over the prefill work, and ``min_regret_rise`` = 3 % of it: a regretted
+token is recomputed, so the rise is the fraction by which the prefill work grew; with a high hit
+ratio a small loss of hits is a large growth of work (hits 80 % -> 78 % is 10 % more work).
+Queueing delay grows as rho / (1 - rho), so its logarithm moves by (d rho / rho) / (1 - rho): at
+a utilisation of 0.7, 3 % more work lengthens the wait by 10 %, half of a 20 % degradation,
+which leaves the margin to act. The windows follow the workload's time scales: the fast one
+holds enough requests for a stable ratio, the baseline several reuse-gap medians (about 2 minutes on
 production conversation traces).
 """
 
@@ -45,6 +46,7 @@ from kvtide.telemetry.metrics import (
     CACHED_BLOCKS,
     CAPACITY_BLOCKS,
     EVICTED_BLOCKS,
+    HIT_TOKENS,
     LOOKUPS,
     MISS_TOKENS,
     PROMPT_TOKENS,
@@ -63,7 +65,7 @@ class DetectorConfig:
     """How often the rules are evaluated (the detector should be updated as often)."""
     for_s: float = 60.0
     """How long a condition must hold before its alert fires (Prometheus ``for``)."""
-    min_regret_rise: float = 0.02
+    min_regret_rise: float = 0.03
     regret_factor: float = 1.2
     evict_factor: float = 1.0
     steady_tolerance: float = 0.25
@@ -89,6 +91,12 @@ class Sample:
     used_blocks: float
     cached_blocks: float
     capacity_blocks: float
+    hit_tokens: float = 0.0
+    """Prompt tokens found on the device: prompt minus hit tokens is the prefill work."""
+
+    @property
+    def work_tokens(self) -> float:
+        return self.prompt_tokens - self.hit_tokens
 
     @property
     def private_blocks(self) -> float:
@@ -98,8 +106,9 @@ class Sample:
     @classmethod
     def of(cls, time_s: float, recorders: Iterable[MemoryRecorder]) -> Sample:
         """Sums device counters over ``recorders`` (one per replica, or one per fleet)."""
-        v = [0.0] * 8
+        v = [0.0] * 9
         for r in recorders:
+            v[8] += r.value(HIT_TOKENS, ("device",))
             v[0] += r.value(LOOKUPS, ("device",))
             v[1] += r.value(PROMPT_TOKENS)
             v[2] += r.value(MISS_TOKENS, ("cold",))
@@ -217,7 +226,7 @@ class EarlyWarning:
 
         if len(self._times) < 2:
             return None
-        prompt = inc("prompt_tokens", now, f)
+        prompt = inc("work_tokens", now, f)
         cold_fast = inc("miss_cold_tokens", now, f, True)
         regret_part = inc("miss_evicted_tokens", now, f, True)
         regret = inc("miss_evicted_tokens", now, f)
@@ -227,7 +236,7 @@ class EarlyWarning:
             time_s=now,
             regret_fast=_ratio(regret, prompt),
             regret_slow=_ratio(
-                inc("miss_evicted_tokens", base_end, s), inc("prompt_tokens", base_end, s)
+                inc("miss_evicted_tokens", base_end, s), inc("work_tokens", base_end, s)
             ),
             evict_fast=inc("evicted_blocks", now, f) / f,
             evict_slow=inc("evicted_blocks", base_end, s) / s,
@@ -258,8 +267,8 @@ class EarlyWarning:
             and g.regret_fast >= c.regret_factor * g.regret_slow
         ):
             out["pool_undersized"] = (
-                f"pool undersized: evicted-then-wanted tokens are {g.regret_fast:.1%} of prompt "
-                f"tokens over the last {c.fast_s:.0f}s, up from {g.regret_slow:.1%} over the "
+                f"pool undersized: evicted-then-wanted tokens are {g.regret_fast:.1%} of the "
+                f"prefill work over the last {c.fast_s:.0f}s, up from {g.regret_slow:.1%} over the "
                 f"{c.slow_s:.0f}s before (+{rise:.1%}); eviction velocity {g.evict_fast:,.1f} "
                 f"blocks/s, up from {g.evict_slow:,.1f}; {arrivals}; {g.cold_share:.0%} of "
                 "missed tokens are first uses"

@@ -21,6 +21,7 @@ from kvtide.telemetry.metrics import (
     CACHED_BLOCKS,
     CAPACITY_BLOCKS,
     EVICTED_BLOCKS,
+    HIT_TOKENS,
     LOOKUPS,
     MISS_TOKENS,
     PROMPT_TOKENS,
@@ -40,7 +41,7 @@ DEVICE = '{tier="device"}'
 SUMMARIES = {
     "pool_undersized": (
         "KV pool undersized on {{ $labels.%s }}: evicted-then-wanted tokens rose by "
-        "{{ $value | humanizePercentage }} of prompt tokens over the %s baseline while "
+        "{{ $value | humanizePercentage }} of the prefill work over the %s baseline while "
         "eviction velocity rose and arrivals stayed steady"
     ),
     "cold_start": (
@@ -96,12 +97,17 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     regret = f'{MISS_TOKENS.name}{{cause="evicted"}}'
     cold = f'{MISS_TOKENS.name}{{cause="cold"}}'
     prompt = PROMPT_TOKENS.name
+    hit = f'{HIT_TOKENS.name}{{tier="device"}}'
     evicted = f'{EVICTED_BLOCKS.name}{{tier="device"}}'
     lookups = f'{LOOKUPS.name}{{tier="device"}}'
     f, s = _dur(c.fast_s), _dur(c.slow_s)
     record = {
-        "kvtide:cache_regret_ratio:fast": f"{q.inc(regret, True)} / {q.inc(prompt, True)}",
-        "kvtide:cache_regret_ratio:slow": f"{q.inc(regret, False)} / {q.inc(prompt, False)}",
+        "kvtide:cache_regret_ratio:fast": (
+            f"{q.inc(regret, True)} / ({q.inc(prompt, True)} - {q.inc(hit, True)})"
+        ),
+        "kvtide:cache_regret_ratio:slow": (
+            f"{q.inc(regret, False)} / ({q.inc(prompt, False)} - {q.inc(hit, False)})"
+        ),
         "kvtide:cache_evictions_per_s:fast": f"{q.inc(evicted, True)} / {c.fast_s:g}",
         "kvtide:cache_evictions_per_s:slow": f"{q.inc(evicted, False)} / {c.slow_s:g}",
         "kvtide:cache_evictions:warm": q.agg(f"increase({evicted}[{f}] offset {s})"),
@@ -189,7 +195,7 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
     warm_at = int(2 * c.slow_s / c.interval_s)  # a long steady stretch before any change
 
     def undersized(i: int) -> tuple[float, float, float, float, float, float, float]:
-        regret = 500.0 if i >= warm_at else 100.0  # 1% -> 5% of prompt tokens
+        regret = 500.0 if i >= warm_at else 100.0  # 2% -> 10% of the prefill work
         evicted = 40.0 if i >= warm_at else 20.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
@@ -224,8 +230,20 @@ def _samples(sc: Scenario, c: DetectorConfig) -> list[Sample]:
         if i:
             totals = [t + d for t, d in zip(totals, inc[:5], strict=True)]
         lookups, prompt, cold, regret, evicted = totals
+        # Half of every prompt hits: the prefill work is the other half.
         out.append(
-            Sample(i * c.interval_s, lookups, prompt, cold, regret, evicted, inc[5], inc[6], 1e3)
+            Sample(
+                i * c.interval_s,
+                lookups,
+                prompt,
+                cold,
+                regret,
+                evicted,
+                inc[5],
+                inc[6],
+                1e3,
+                prompt / 2,
+            )
         )
     return out
 
@@ -252,6 +270,7 @@ def unit_tests(
         for metric, label, attr in (
             (LOOKUPS.name, 'tier="device", ', "lookups"),
             (PROMPT_TOKENS.name, "", "prompt_tokens"),
+            (HIT_TOKENS.name, 'tier="device", ', "hit_tokens"),
             (MISS_TOKENS.name, 'cause="cold", ', "miss_cold_tokens"),
             (MISS_TOKENS.name, 'cause="evicted", ', "miss_evicted_tokens"),
             (EVICTED_BLOCKS.name, 'tier="device", ', "evicted_blocks"),

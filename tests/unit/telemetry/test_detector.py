@@ -32,7 +32,7 @@ def test_a_rising_regret_ratio_with_steady_arrivals_flags_an_undersized_pool() -
     change_s = 2 * CONFIG.slow_s
     # The condition holds from the first evaluation whose fast window shows the rise.
     assert change_s < alert.time_s <= change_s + CONFIG.fast_s + CONFIG.for_s
-    assert "of prompt tokens over the last 300s, up from 1.0%" in alert.reason
+    assert "of the prefill work over the last 300s, up from 2.0%" in alert.reason
     # In the fast window: 50 cold tokens per step against 100, then 500, evicted ones.
     assert 50 / 550 < alert.values["cold_share"] < 50 / 150
     rec = d.recorder

@@ -85,3 +85,18 @@ def test_null_recorder_takes_every_call() -> None:
     rec.set(m.USED_BLOCKS, 3)
     rec.observe(m.BLOCK_IDLE, 1.0)
     rec.observe_buckets(m.BLOCK_IDLE, [1] * (len(m.SECONDS_BUCKETS) + 1), 5.0)
+
+
+def test_hot_prefixes_keep_the_heavy_hitters() -> None:
+    from kvtide.telemetry import HotPrefixes
+
+    hot = HotPrefixes(capacity=3, depth_blocks=2)
+    for _ in range(10):
+        hot.add([1, 2, 3])
+    for i in range(6):
+        hot.add([100 + i, 200 + i])  # one-offs churn through the other counters
+    for _ in range(5):
+        hot.add([7])
+    assert hot.top(1) == [(1, 2)]
+    assert (7,) in hot.top(3)
+    assert len(hot.counts) == len(hot.paths) == 3
