@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Protocol
+
+from kvtide.errors import ConfigError, UsageError
 
 
 class Clock(Protocol):
@@ -25,17 +28,36 @@ class ManualClock:
     __slots__ = ("_now",)
 
     def __init__(self, start: float = 0.0) -> None:
+        if not -math.inf < start < math.inf:
+            raise UsageError(f"ManualClock needs a finite start time, got {start!r}")
         self._now = start
 
     def now(self) -> float:
         return self._now
 
     def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a clock cannot go backwards")
+        if not 0 <= seconds < math.inf:  # also refuses NaN, which would freeze every comparison
+            raise UsageError(f"ManualClock.advance needs finite seconds >= 0, got {seconds!r}")
         self._now += seconds
 
     def set(self, now: float) -> None:
-        if now < self._now:
-            raise ValueError("a clock cannot go backwards")
+        if not self._now <= now < math.inf:
+            raise UsageError(
+                f"ManualClock.set({now!r}): a clock cannot go backwards from {self._now!r} "
+                "or leave the finite numbers"
+            )
         self._now = now
+
+
+def require_clock(clock: object, owner: str) -> Clock:
+    """``clock`` if it can tell the time; otherwise a ``ConfigError`` naming ``owner``.
+
+    Nothing defaults to a ``ManualClock``: a wall-clock caller that forgot its clock would see
+    frozen time (pins never expire, TTLs never pass) without any error.
+    """
+    if not callable(getattr(clock, "now", None)):
+        raise ConfigError(
+            f"{owner} needs a clock with now(): kvtide.WallClock() for real time, "
+            f"kvtide.ManualClock() for simulated time; got {clock!r}"
+        )
+    return clock  # type: ignore[return-value]

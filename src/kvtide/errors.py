@@ -2,6 +2,8 @@
 
 KvtideError
 ├── ConfigError          bad flag, option, preset or file content given by the user
+├── UsageError           the library called against its contract: a double unlock, a negative
+│                        token count, a request at another block size than its router's
 ├── TraceFormatError     a trace line that cannot be read (carries path and line number)
 ├── CapacityError        a request that can never fit (larger than the whole cache)
 ├── UpstreamError        an engine behind the gateway failed
@@ -20,6 +22,13 @@ class KvtideError(Exception):
 
 class ConfigError(KvtideError):
     pass
+
+
+class UsageError(KvtideError, ValueError):
+    """A call that breaks the API's contract; fix the calling code.
+
+    Also a ``ValueError``, which is what such calls raised before and what Python code
+    catching bad values expects."""
 
 
 class TraceFormatError(KvtideError):

@@ -1,14 +1,17 @@
-"""Identifiers and plain values shared by every layer; no logic lives here."""
+"""Identifiers and plain values shared by every layer; no logic beyond checking them."""
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
 import numpy as np
 import numpy.typing as npt
+
+from kvtide.errors import UsageError
 
 BlockHash = NewType("BlockHash", int)
 """A chained block hash: covers one full block of tokens and its whole prefix, in a namespace."""
@@ -47,6 +50,19 @@ class Request:
     session_id: str | None = None
     priority: int = 0
     extra: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Checked once here so that no layer above meets a negative size or a NaN time.
+        if not (self.prompt_tokens >= 0 and self.output_tokens >= 0 and self.block_tokens >= 1):
+            raise UsageError(
+                f"request {self.request_id!r}: prompt_tokens={self.prompt_tokens!r} and "
+                f"output_tokens={self.output_tokens!r} must be >= 0, "
+                f"block_tokens={self.block_tokens!r} >= 1"
+            )
+        if not math.isfinite(self.arrival_s):
+            raise UsageError(
+                f"request {self.request_id!r}: arrival_s must be finite, got {self.arrival_s!r}"
+            )
 
     @property
     def num_full_blocks(self) -> int:

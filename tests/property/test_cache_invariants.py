@@ -24,7 +24,7 @@ ops = st.lists(
 
 
 def check_tree(cache: KVCache) -> None:
-    total = 0
+    total = locked = 0
     stack: list[Node] = [cache.tree.root]
     while stack:
         node = stack.pop()
@@ -34,9 +34,13 @@ def check_tree(cache: KVCache) -> None:
             assert child.depth == node.end_depth
             assert len(child.blocks) == child.num_blocks
             assert child.lock_ref >= child.pin_ref >= 0
+            if child.lock_ref:
+                assert node.parent is None or node.lock_ref, "a lock holds every ancestor"
+                locked += child.num_blocks
             total += child.num_blocks
             stack.append(child)
     assert total == cache.num_cached_blocks == cache.pool.num_used
+    assert cache.num_evictable_blocks == total - locked
     assert cache.num_cached_blocks <= cache.capacity_blocks
     cache.pool.check()
 
@@ -78,13 +82,18 @@ def test_invariants_hold(
             if clock.now() < until:
                 assert cache.match(path, touch=False).num_blocks == len(path)
         assert cache.pinned_blocks <= config.effective_pin_budget_blocks
+    # The O(1) count is exactly what eviction can free.
+    evictable = cache.num_evictable_blocks
+    assert cache.evict(cap + 1) == evictable
+    assert cache.num_evictable_blocks == 0
+    check_tree(cache)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=30))
 def test_no_hit_across_namespaces(prompts: list[list[int]]) -> None:
-    shared = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1))
-    alone = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1))
+    shared = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1), ManualClock())
+    alone = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1), ManualClock())
     for tokens in prompts:
         shared.access(hash_tokens(tokens, 1, SALTS["a"]), len(tokens), tenant="a")
     for tokens in prompts:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from kvtide import __version__
 from kvtide.errors import KvtideError
+from kvtide.quantities import argparse_message
 
 # Subcommand modules, imported lazily so that `kvtide cost` does not pay for the simulator.
 # A module that does not exist yet is simply not offered.
@@ -36,8 +37,11 @@ def _available() -> dict[str, str]:
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse's errors as one line naming the flag, exit 2, as a KvtideError reads:
+    ``kvtide: error: --gpu-cache-tokens: not a token count ..., got 'x'``."""
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"kvtide: error: {message}\n")
+        self.exit(2, f"kvtide: error: {argparse_message(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag (2), --help or --version (0): a code, in-process too
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -10,6 +10,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
+from kvtide.errors import UsageError
+
 
 def block_array(ids: Iterable[int] = ()) -> array[int]:
     return array("i", ids)
@@ -35,9 +37,9 @@ class BlockPool:
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 0:
-            raise ValueError("num_blocks must be >= 0")
+            raise UsageError("num_blocks must be >= 0")
         if num_blocks >= 2**31:
-            raise ValueError("a pool holds fewer than 2**31 blocks")
+            raise UsageError("a pool holds fewer than 2**31 blocks")
         self.num_blocks = num_blocks
         # A stack: the most recently freed block is reused first (warm in any real allocator).
         self._free = block_array(range(num_blocks - 1, -1, -1))
@@ -101,7 +103,7 @@ class BlockPool:
         self._free.extend(block_ids if isinstance(block_ids, array) else block_array(block_ids))
         self.num_frees_total += len(block_ids)
         if len(self._free) > self.num_blocks:
-            raise ValueError("a block was freed more often than it was allocated")
+            raise UsageError("a block was freed more often than it was allocated")
 
     def ref_count(self, block_id: int) -> int:
         """References held on ``block_id`` (O(free blocks): for tests and debugging)."""

@@ -7,18 +7,19 @@ A request's typical use: ``access(hashes, prompt_tokens, lock=True)``, run, then
 from __future__ import annotations
 
 import heapq
+import numbers
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvtide.clock import Clock, ManualClock
+from kvtide.clock import Clock, require_clock
 from kvtide.core.block_pool import BlockPool
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.eviction import PolicyContext, make_policy
 from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
 from kvtide.core.radix_tree import RadixTree, TouchListener, TreeListener
-from kvtide.errors import ConfigError
+from kvtide.errors import ConfigError, UsageError
 from kvtide.types import BlockHash, Tier
 
 
@@ -45,6 +46,10 @@ class CacheConfig:
     tier: Tier = Tier.DEVICE
 
     def __post_init__(self) -> None:
+        for name in ("capacity_blocks", "block_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
         if self.capacity_blocks <= 0:
             raise ConfigError(f"capacity must be positive, got {self.capacity_blocks} blocks")
         if self.block_tokens <= 0:
@@ -85,12 +90,20 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """One request's use of the cache: what hit, what was newly stored, where it ends."""
+    """One request's use of the cache: what hit, what was newly stored, where it ends.
+
+    ``refused_blocks`` are full blocks ``access(insert=True)`` was asked to store but could
+    not, because locked blocks left no room: the prompt is cached (and locked) only up to
+    ``cached_blocks``. ``is_locked`` says whether the caller holds a lock it must ``unlock``;
+    an ``access(lock=True)`` that found and stored nothing holds none.
+    """
 
     hit_blocks: int
     new_blocks: int
     handle: Node
     tree: RadixTree
+    refused_blocks: int = 0
+    is_locked: bool = False
 
     @property
     def cached_blocks(self) -> int:
@@ -201,6 +214,16 @@ class _Recorder:
         return found
 
 
+def check_prompt_tokens(num_blocks: int, block_tokens: int, prompt_tokens: int) -> None:
+    """A request's ``num_blocks`` full-block hashes need at least that many blocks of tokens
+    (a negative or NaN count fails too): else hit ratios would pass 1."""
+    if not num_blocks * block_tokens <= prompt_tokens:
+        raise UsageError(
+            f"prompt_tokens={prompt_tokens!r} is fewer than the {num_blocks} full blocks of "
+            f"{block_tokens} tokens hashed for it (at least {num_blocks * block_tokens})"
+        )
+
+
 @dataclass(order=True, slots=True)
 class _Pin:
     expires_s: float
@@ -209,9 +232,12 @@ class _Pin:
 
 
 class KVCache:
-    def __init__(self, config: CacheConfig, clock: Clock | None = None) -> None:
+    """One cache of blocks. ``clock`` is required: ``WallClock()`` in a server,
+    ``ManualClock()`` in a simulation or a test (it dates pins, TTLs and recency)."""
+
+    def __init__(self, config: CacheConfig, clock: Clock) -> None:
         self.config = config
-        self.clock: Clock = clock or ManualClock()
+        self.clock: Clock = require_clock(clock, "KVCache")
         self.pool = BlockPool(config.capacity_blocks)
         ctx = PolicyContext(config.capacity_blocks, config.block_tokens, self.clock)
         make_policy(config.policy, ctx, config.policy_options)  # fail fast on a bad name
@@ -250,6 +276,13 @@ class KVCache:
     @property
     def num_cached_blocks(self) -> int:
         return self.tree.num_cached_blocks
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks no request or pin holds: what ``evict`` can free (O(1)). A request
+        fits if it needs at most ``pool.num_free + num_evictable_blocks`` blocks once its own
+        cached prefix is locked."""
+        return self.tree.num_evictable_blocks
 
     def match(self, hashes: Sequence[BlockHash], *, touch: bool = True) -> Match:
         node, n = self.tree.match(hashes, touch=touch)
@@ -334,9 +367,10 @@ class KVCache:
         the returned handle and must ``unlock`` it. ``shadow_hashes`` are the same blocks
         hashed without the tenant salt: they let a miss be blamed on another namespace.
         """
+        hashes = as_block_hashes(hashes)
+        check_prompt_tokens(len(hashes), self.config.block_tokens, prompt_tokens)
         if self._pins:
             self.expire_pins()
-        hashes = as_block_hashes(hashes)
         node, hit = self.tree.match(hashes)
         self.count_lookup(hashes, hit, prompt_tokens, tenant=tenant, shadow_hashes=shadow_hashes)
         new = 0
@@ -347,9 +381,10 @@ class KVCache:
             self._inserted += new
             if shadow_hashes is not None and new:
                 self._remember_owner(shadow_hashes[hit : hit + new], tenant)
+        refused = len(hashes) - hit - new if insert else 0
         if lock:
             self.tree.lock(node)
-        return Access(hit, new, node, self.tree)
+        return Access(hit, new, node, self.tree, refused, lock and node.parent is not None)
 
     def count_lookup(
         self,
@@ -413,7 +448,7 @@ class KVCache:
         """Keeps the path to ``handle`` cached for ``ttl_s`` seconds; ``False`` if that would
         exceed the global pin budget or the budget of a tenant owning blocks on the path
         (nothing is pinned then). A block is charged to the tenant that stored it."""
-        if ttl_s <= 0:
+        if not ttl_s > 0:  # NaN too: a NaN expiry would never come
             raise ConfigError(f"pin TTL must be positive, got {ttl_s}")
         self.expire_pins()
         path = self._path(handle)

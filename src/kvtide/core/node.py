@@ -14,7 +14,9 @@ class Node:
     Every block of a node shares one access history (the tree splits a node when a request
     touches only part of it), so a policy can rank nodes and evict a node's blocks from its tail.
     ``lock_ref`` counts users of this node or of any descendant; only an unlocked leaf is
-    evictable. ``heap_seq`` belongs to the eviction policy (lazy-heap validity).
+    evictable. ``handle_locks`` counts the locks taken with this very node as the handle, so
+    that a second unlock of a handle is caught even while a descendant's lock keeps
+    ``lock_ref`` up. ``heap_seq`` belongs to the eviction policy (lazy-heap validity).
     """
 
     __slots__ = (
@@ -22,6 +24,7 @@ class Node:
         "children",
         "created_s",
         "depth",
+        "handle_locks",
         "heap_seq",
         "hits",
         "key",
@@ -49,6 +52,7 @@ class Node:
         self.depth = depth
         self.children: dict[bytes, Node] = {}  # keyed by the child's first hash (8 bytes)
         self.lock_ref = 0
+        self.handle_locks = 0
         self.pin_ref = 0
         self.last_access = 0
         self.last_access_s = 0.0

@@ -21,6 +21,7 @@ from kvtide.core.block_pool import BlockPool
 from kvtide.core.eviction import EvictionPolicy
 from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
+from kvtide.errors import UsageError
 
 
 class TreeListener(Protocol):
@@ -87,6 +88,7 @@ class RadixTree:
         self.touch_listener: TouchListener = NullTouchListener()
         self.tick = 0
         self.num_cached_blocks = 0
+        self.num_locked_blocks = 0  # blocks of nodes with lock_ref > 0 (the rest is evictable)
         self.num_evicted_total = 0
         self.version = 0  # bumped by anything that can invalidate a match result
         self._make_policy = make_policy
@@ -276,22 +278,55 @@ class RadixTree:
 
     def lock(self, node: Node) -> None:
         """Protects ``node`` and its ancestors from eviction until ``unlock(node)``."""
+        if node.parent is None:
+            if node is not self.root:
+                raise UsageError(
+                    "lock of a handle whose blocks were evicted: take a fresh handle from "
+                    "match() or access() and lock that"
+                )
+            return  # the root is always cached: nothing to hold
+        node.handle_locks += 1
         while node.parent is not None:
-            if node.lock_ref == 0 and not node.children:
-                self.policy_for(node).on_unevictable(node)
+            if node.lock_ref == 0:
+                self.num_locked_blocks += len(node.key) >> 3
+                if not node.children:
+                    self.policy_for(node).on_unevictable(node)
             node.lock_ref += 1
             node = node.parent
 
     def unlock(self, node: Node) -> None:
+        """Releases one ``lock(node)``. A handle with no lock of its own left (a second
+        unlock, or one never locked) fails before any count moves; so does an evicted one
+        (detached, not the root), which can only have been unlocked already."""
+        if node.parent is None:
+            if node is not self.root:
+                raise UsageError(
+                    "unlock of a handle whose blocks were evicted: it was unlocked already "
+                    "(a double unlock)"
+                )
+            return
+        if node.handle_locks <= 0:
+            raise UsageError(
+                "unlock without a matching lock: this handle was unlocked already "
+                "(a double unlock) or never locked"
+            )
+        node.handle_locks -= 1
         while node.parent is not None:
-            if node.lock_ref <= 0:
-                raise ValueError("unlock without a matching lock")
+            assert node.lock_ref > 0, "an ancestor holds fewer locks than its descendants"
             node.lock_ref -= 1
-            if node.lock_ref == 0 and not node.children:
-                self.policy_for(node).on_evictable(node)
+            if node.lock_ref == 0:
+                self.num_locked_blocks -= len(node.key) >> 3
+                if not node.children:
+                    self.policy_for(node).on_evictable(node)
             node = node.parent
 
     # --- eviction ------------------------------------------------------------------------
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Blocks ``evict`` can free now, O(1): every block of an unlocked node (an unlocked
+        node has no locked descendant, so its whole subtree can go, leaves first)."""
+        return self.num_cached_blocks - self.num_locked_blocks
 
     def evict(self, num_blocks: int, *, requester: str = "") -> int:
         """Frees up to ``num_blocks`` blocks from unlocked leaves; returns how many it freed.

@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvtide.clock import Clock, ManualClock
+from kvtide.clock import Clock, require_clock
 from kvtide.core.admission import AdmissionFilter, make_admission
-from kvtide.core.cache import CacheConfig, CacheStats, KVCache
+from kvtide.core.cache import CacheConfig, CacheStats, KVCache, check_prompt_tokens
 from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
@@ -199,7 +199,8 @@ class TieredAccess:
     in the fastest tier holding it). Of the lower-tier blocks the plan reloads
     ``reload_blocks[tier]``; the rest are recomputed. ``onboard_s`` is the cost model's time
     until the prompt's KV is resident and prefilled; ``prefill_s_saved`` what the hits save.
-    ``handle`` is the device node to ``unlock`` when the access was locked.
+    ``handle`` is the device node to ``unlock`` when the access was locked (``is_locked``);
+    ``refused_blocks`` the prompt's blocks a device full of locked blocks could not store.
     """
 
     device_blocks: int
@@ -211,6 +212,8 @@ class TieredAccess:
     prefill_s_saved: float
     handle: Node
     tree: RadixTree
+    refused_blocks: int = 0
+    is_locked: bool = False
 
     @property
     def hit_blocks(self) -> int:
@@ -352,16 +355,17 @@ class TieredCache:
     whole prompt on the device (reloaded and computed blocks alike); evictions cascade down
     through the admission filter. ``prefetch`` copies a prefix up ahead of its request.
     Transfers of reloaded bytes go onto ``links[tier]``, whose load feeds the next decisions.
+    ``clock`` is required, as for ``KVCache``: every tier and link runs on it.
     """
 
     def __init__(
         self,
         config: TieredCacheConfig,
-        clock: Clock | None = None,
+        clock: Clock,
         cost: OnboardCost | None = None,
     ) -> None:
         self.config = config
-        self.clock: Clock = clock or ManualClock()
+        self.clock: Clock = require_clock(clock, "TieredCache")
         self.cost: OnboardCost = cost or FreeReload()
         self.block_tokens = config.block_tokens
         self.caches: dict[Tier, KVCache] = {}
@@ -447,8 +451,7 @@ class TieredCache:
         """
         hashes = as_block_hashes(hashes)
         n, bt = len(hashes), self.block_tokens
-        if prompt_tokens < n * bt:
-            raise ValueError(f"{n} full blocks need at least {n * bt} prompt tokens")
+        check_prompt_tokens(n, bt, prompt_tokens)
         self._lookups += 1
         self._prompt_tokens += prompt_tokens
         for admission in self._recorders:
@@ -540,6 +543,8 @@ class TieredCache:
             prefill_s_saved=saved,
             handle=dev.handle,
             tree=self.device.tree,
+            refused_blocks=dev.refused_blocks,
+            is_locked=dev.is_locked,
         )
 
     def _load(self, tier: Tier) -> float:

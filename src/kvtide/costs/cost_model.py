@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvtide.costs.onboard import OnboardDecision, decide_onboard
 from kvtide.costs.specs import AttentionKind, GpuSpec, ModelSpec, kv_dtype_bytes
-from kvtide.errors import ConfigError
+from kvtide.errors import ConfigError, UsageError
 from kvtide.types import Tier
 
 if TYPE_CHECKING:
@@ -234,7 +234,7 @@ class CostModel:
     def prefill_tokens_per_s(self, prompt_tokens: int = 4096) -> float:
         """Prefill throughput of one ``prompt_tokens``-token prompt from scratch, tokens/s."""
         if prompt_tokens < 1:
-            raise ValueError("prompt_tokens must be >= 1")
+            raise UsageError("prompt_tokens must be >= 1")
         return prompt_tokens / self.prefill_time(prompt_tokens)
 
     def decode_step_time(self, batch: int, context_tokens: int) -> float:
@@ -244,7 +244,7 @@ class CostModel:
         plus one iteration overhead. Small batches are memory-bound.
         """
         if batch < 1:
-            raise ValueError("batch must be >= 1")
+            raise UsageError("batch must be >= 1")
         _check_count("context_tokens", context_tokens)
         c = self.coefficients
         weights = self.model.weight_bytes_read(batch) / self.tp
@@ -302,7 +302,7 @@ class CostModel:
         """
         _check_load(link_load)
         if num_bytes < 0 or not math.isfinite(num_bytes):
-            raise ValueError(f"num_bytes must be finite and >= 0, got {num_bytes}")
+            raise UsageError(f"num_bytes must be finite and >= 0, got {num_bytes}")
         if num_bytes == 0 or tier is Tier.DEVICE:
             return 0.0
         if link_load >= 1.0:
@@ -348,7 +348,7 @@ class CostModel:
         hidden). reload_tokens = 0 is a full recompute; = cached_tokens a full reload.
         """
         if not 0 <= reload_tokens <= cached_tokens:
-            raise ValueError("reload_tokens must lie in [0, cached_tokens]")
+            raise UsageError("reload_tokens must lie in [0, cached_tokens]")
         load_s = self.transfer_time(self.kv_bytes(reload_tokens), tier, link_load)
         compute_s = self.prefill_time(cached_tokens - reload_tokens + new_tokens, reload_tokens)
         if load_s == 0.0 or compute_s == 0.0:
@@ -378,8 +378,8 @@ class CostModel:
 
 
 def _check_count(name: str, value: int) -> None:
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+    if not value >= 0:  # NaN too
+        raise UsageError(f"{name} must be >= 0, got {value}")
 
 
 def _check_load(link_load: float) -> None:

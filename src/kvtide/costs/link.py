@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvtide.clock import Clock
-from kvtide.errors import ConfigError
+from kvtide.errors import ConfigError, UsageError
 
 
 @dataclass(slots=True, eq=False)
@@ -50,7 +50,7 @@ class Link:
     def _advance(self) -> None:
         now = self.clock.now()
         if now < self._now:
-            raise ValueError("the link's clock went backwards")
+            raise UsageError("the link's clock went backwards")
         t, v, active, rate = self._now, self._virtual, self._active, self.bytes_per_s
         while active:
             tag = active[0][0]
@@ -83,7 +83,7 @@ class Link:
     def submit(self, num_bytes: float) -> Transfer:
         """Starts a transfer of ``num_bytes`` now."""
         if num_bytes < 0 or not math.isfinite(num_bytes):
-            raise ValueError(f"num_bytes must be finite and >= 0, got {num_bytes}")
+            raise UsageError(f"num_bytes must be finite and >= 0, got {num_bytes}")
         self._advance()
         transfer = Transfer(num_bytes, self._now, self._virtual + num_bytes)
         self.num_transfers_total += 1
@@ -108,7 +108,7 @@ class Link:
             v = tag
             if tag >= transfer.finish_tag:
                 return t
-        raise ValueError("transfer does not belong to this link")
+        raise UsageError("transfer does not belong to this link")
 
     def estimate_s(self, num_bytes: float) -> float:
         """Seconds a transfer of ``num_bytes`` started now would take, if no other starts."""

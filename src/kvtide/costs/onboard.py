@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from kvtide.costs.specs import AttentionKind, GpuSpec, ModelSpec, kv_dtype_bytes
-from kvtide.errors import ConfigError
+from kvtide.errors import ConfigError, UsageError
 from kvtide.types import Tier
 
 if TYPE_CHECKING:
@@ -93,10 +93,12 @@ def decide_onboard(
     prefix-length scan (the costly part).
     """
     cached, new = cached_tokens_in_tier, new_tokens
-    if cached < 0 or new < 0:
-        raise ValueError("token counts must be >= 0")
-    if block_tokens < 1:
-        raise ValueError("block_tokens must be >= 1")
+    if not (cached >= 0 and new >= 0):
+        raise UsageError(
+            f"token counts must be >= 0, got cached_tokens_in_tier={cached!r}, new_tokens={new!r}"
+        )
+    if not block_tokens >= 1:
+        raise UsageError(f"block_tokens must be >= 1, got {block_tokens!r}")
     recompute_s = cost.onboard_time(cached, 0, new, tier, link_load)
     reload_s = cost.onboard_time(cached, cached, new, tier, link_load)
     split_k, split_s = _best_split(cost, cached, new, tier, link_load, block_tokens)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtide.core.hashing import BlockHashes
+from kvtide.core.cache import check_prompt_tokens
+from kvtide.core.hashing import BlockHashes, as_block_hashes
+from kvtide.errors import UsageError
 from kvtide.routing.index import PrefixMatch
 
 
@@ -26,6 +28,16 @@ class RouteRequest:
     session_id: str | None = None
     output_tokens: int = 0
     prefix_match: PrefixMatch | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_hashes, BlockHashes):
+            # A library caller may hand in any sequence of ints; policies need the packed form.
+            object.__setattr__(self, "block_hashes", as_block_hashes(self.block_hashes))
+        if not self.block_tokens >= 1:
+            raise UsageError(f"RouteRequest block_tokens must be >= 1, got {self.block_tokens!r}")
+        if not self.output_tokens >= 0:
+            raise UsageError(f"RouteRequest output_tokens must be >= 0, got {self.output_tokens!r}")
+        check_prompt_tokens(len(self.block_hashes), self.block_tokens, self.prompt_tokens)
 
     @property
     def num_blocks(self) -> int:

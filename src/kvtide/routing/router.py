@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kvtide.errors import UsageError
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.policies import BasePolicy, RoutingPolicy
@@ -18,7 +19,9 @@ from kvtide.types import ReplicaId
 
 
 class Router:
-    """``health`` defaults to the policy's context's, so regret reports reach the policy."""
+    """``health`` defaults to the policy's context's, so regret reports reach the policy.
+    ``route`` refuses (``UsageError``) a request hashed at another block size than the
+    policy's ``RoutingContext.block_tokens``: its hashes could never match the index."""
 
     def __init__(
         self,
@@ -32,6 +35,8 @@ class Router:
         self.health = health
         self.replicas: dict[ReplicaId, ReplicaState] = {r.replica_id: r for r in replicas}
         self._list = list(self.replicas.values())
+        # The block size every request's hashes must be at: the index and the engines use it.
+        self.block_tokens = policy.ctx.block_tokens if isinstance(policy, BasePolicy) else None
 
     def add_replica(self, replica: ReplicaState) -> None:
         self.replicas[replica.replica_id] = replica
@@ -43,6 +48,12 @@ class Router:
 
     def route(self, request: RouteRequest) -> RouteDecision:
         """Chooses a replica and books the request there (policy and replica state)."""
+        if self.block_tokens is not None and request.block_tokens != self.block_tokens:
+            raise UsageError(
+                f"request {request.request_id!r} is hashed at {request.block_tokens}-token "
+                f"blocks, but this router's policy works at {self.block_tokens} "
+                "(RoutingContext.block_tokens): hash it at the engines' block size"
+            )
         decision = self.policy.choose(request, self._list)
         self.policy.on_dispatch(request, decision)
         self.replicas[decision.replica].dispatch(_prefill_tokens(request, decision))

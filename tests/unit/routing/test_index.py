@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from kvtide.clock import ManualClock
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvtide.routing.index import GlobalPrefixIndex
 from kvtide.types import BlockHash, ReplicaId, Tier
@@ -74,7 +75,8 @@ def test_index_fed_by_cache_events_predicts_what_every_cache_holds() -> None:
     prompts = [random_prompt(rng) for _ in range(40)]
     for _ in range(400):
         r, cache = rng.choice(list(caches.items()))
-        cache.access(rng.choice(prompts), 0)
+        p = rng.choice(prompts)
+        cache.access(p, 16 * len(p))
         idx.apply_all(r, cache.take_events())
     held = {r: cached_hashes(c) for r, c in caches.items()}
     for p in prompts:
@@ -99,7 +101,8 @@ def test_tiered_cache_events_give_each_tiers_prefix() -> None:
     tc = TieredCache(
         TieredCacheConfig(
             device=TierSpec(30), host=TierSpec(60), disk=TierSpec(120), record_events=True
-        )
+        ),
+        ManualClock(),
     )
     idx = GlobalPrefixIndex()
     prompts = [random_prompt(rng, alphabet=4, max_blocks=30) for _ in range(40)]

@@ -98,7 +98,8 @@ def test_lossy_delayed_events_are_repaired_by_snapshots() -> None:
 
     for _ in range(300):
         r = rng.choice(list(caches))
-        caches[r].access(rng.choice(prompts), 0)
+        p = rng.choice(prompts)
+        caches[r].access(p, 16 * len(p))
         channel.send(r, caches[r].take_events(), clock.now())
         clock.advance(0.1)
         pump()
@@ -109,7 +110,7 @@ def test_lossy_delayed_events_are_repaired_by_snapshots() -> None:
     assert ingest.health.summary().max_lag_s >= 1.0  # batches held behind a gap wait longer
     # a drop in the last second is seen only with the next batch: flush one more per replica
     for r, cache in caches.items():
-        cache.access(prompt([1000]), 0)
+        cache.access(prompt([1000]), 16)
         channel.send(r, cache.take_events(), clock.now())
     clock.advance(1.0)
     pump()
@@ -124,7 +125,8 @@ def test_snapshot_rebuilds_a_cache_exactly() -> None:
     cache = make_caches(1, capacity_blocks=40)[ReplicaId("r0")]
     prompts = [random_prompt(rng) for _ in range(20)]
     for _ in range(100):
-        cache.access(rng.choice(prompts), 0)
+        p = rng.choice(prompts)
+        cache.access(p, 16 * len(p))
     index = GlobalPrefixIndex()
     events: list[KVEvent] = snapshot_events(cache)
     assert all(isinstance(e, BlockStored) for e in events)

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvtide.clock import ManualClock  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
 from kvtide.core.tiers import (  # noqa: E402
     OnboardCost,
@@ -20,9 +21,10 @@ from kvtide.core.tiers import (  # noqa: E402
     TierSpec,
     WriteMode,
 )
-from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf  # noqa: E402
+from kvtide.tensors.gguf_loader import GgufModel, load_gguf  # noqa: E402
 from kvtide.tensors.model import LlamaConfig, LlamaModel  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
+from kvtide.text import find_smollm2_gguf  # noqa: E402
 
 BLOCK_TOKENS = 4
 
@@ -67,6 +69,7 @@ def make_runner(tiny_model: LlamaModel, tmp_path: Path) -> RunnerFactory:
                 block_tokens=BLOCK_TOKENS,
                 write_mode=WriteMode(write_mode),
             ),
+            ManualClock(),
             cost=onboard,
         )
         return PagedRunner(

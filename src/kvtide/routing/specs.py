@@ -1,12 +1,12 @@
-"""Router specs for the simulator's command line: ``NAME[:key=value...]`` to a policy from
-``kvtide.routing`` (the very objects production routes with; the simulator has none of its own).
+"""Router specs ``NAME[:key=value...]`` to a policy from the registry: what the simulator's
+``--router`` and the gateway's ``--policy`` both parse, so they build the very same objects.
 """
 
 from __future__ import annotations
 
 from kvtide.errors import ConfigError
-from kvtide.routing import POLICIES, RoutingContext, RoutingPolicy, make_policy
-from kvtide.routing.registry import NEEDS_INDEX
+from kvtide.routing.policies import RoutingContext, RoutingPolicy
+from kvtide.routing.registry import NEEDS_INDEX, POLICIES, make_policy
 
 
 def policy_names() -> list[str]:
@@ -38,11 +38,12 @@ def _value(raw: str) -> object:
 
 
 def needs_index(spec: str) -> bool:
+    """Whether the policy ``spec`` names reads ``RoutingContext.index`` (default options)."""
     return parse_router(spec)[0] in NEEDS_INDEX
 
 
 def build_policy(spec: str, ctx: RoutingContext) -> RoutingPolicy:
-    """A policy from ``kvtide.routing`` by name, with options (``NAME[:key=value...]``)."""
+    """A policy from the registry by name, with options (``NAME[:key=value...]``)."""
     name, options = parse_router(spec)
     if name not in POLICIES:
         raise ConfigError(f"unknown router {name!r} (valid: {', '.join(policy_names())})")

@@ -1,0 +1,40 @@
+"""Router specs: one parser for the simulator's --router and the gateway's --policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtide.clock import ManualClock
+from kvtide.errors import ConfigError
+from kvtide.routing import GlobalPrefixIndex, RoutingContext
+from kvtide.routing.cost import CostAware
+from kvtide.routing.specs import build_policy, needs_index, parse_router, policy_names
+
+
+def test_parse_router_types_each_option() -> None:
+    name, options = parse_router("cost:epsilon=0.5:key_blocks=8:provisional=false:load=work")
+    assert name == "cost"
+    assert options == {"epsilon": 0.5, "key_blocks": 8, "provisional": False, "load": "work"}
+
+
+def test_parse_router_rejects_an_option_without_value() -> None:
+    with pytest.raises(ConfigError, match="expected NAME:key=value"):
+        parse_router("cost:epsilon")
+
+
+def test_build_policy_passes_options_to_the_registry_object() -> None:
+    ctx = RoutingContext(index=GlobalPrefixIndex(), clock=ManualClock())
+    policy = build_policy("cost:epsilon=0.5", ctx)
+    assert isinstance(policy, CostAware)
+    assert policy.epsilon == 0.5
+
+
+def test_unknown_router_lists_the_valid_names() -> None:
+    with pytest.raises(ConfigError, match=r"valid: .*round_robin"):
+        build_policy("nope", RoutingContext(clock=ManualClock()))
+
+
+def test_needs_index_follows_the_registry() -> None:
+    assert needs_index("cost:epsilon=1") and needs_index("precise")
+    assert not needs_index("round_robin") and not needs_index("chash")
+    assert "cost" in policy_names()
