@@ -24,6 +24,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "sweep": "kvtide.cli.sweep",
     "cost": "kvtide.cli.cost",
     "calibrate": "kvtide.cli.calibrate",
+    "load": "kvtide.cli.load",
     "alerts": "kvtide.cli.alerts",
 }
 
