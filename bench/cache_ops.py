@@ -36,7 +36,17 @@ from kvtide.workloads.mooncake import read_mooncake
 
 HERE = Path(__file__).resolve().parent
 PEER_PYTHON = Path("/work/venvs/peerlibs/bin/python")
-SYSTEMS = ("kvtide", "kvtide-list", "kvtide-ghost", "ref", "ref-vllm", "sglang", "vllm")
+SYSTEMS = (
+    "kvtide",
+    "kvtide-list",
+    "kvtide-ghost",
+    "kvtide-tel-null",
+    "kvtide-tel-prom",
+    "ref",
+    "ref-vllm",
+    "sglang",
+    "vllm",
+)
 PEERS = ("sglang", "vllm")
 
 
@@ -154,6 +164,13 @@ def print_report(rows: list[dict[str, Any]], results: dict[str, dict[str, Any]])
                 diff = r["hit_tokens"] - base["hit_tokens"]
                 same.append(f"{system} {'=' if diff == 0 else f'{diff:+,} tokens'}")
             print(f"{'':>12}hit tokens vs kvtide: {', '.join(same)}")
+        null, prom = by_key.get(("kvtide-tel-null", cap)), by_key.get(("kvtide-tel-prom", cap))
+        if null is not None and prom is not None:
+            cost = prom["us_per_request"] / null["us_per_request"] - 1
+            print(
+                f"{'':>12}telemetry: Prometheus recorder vs null recorder {cost:+.1%} of the "
+                f"cache's time per request (target <= +5%)"
+            )
     for system, result in results.items():
         if "error" in result:
             print(f"{system}: {result['error']}")

@@ -2,8 +2,8 @@
 
     python bench/cache_workers.py SYSTEM DATA_DIR --capacity 200000,... --runs 3 --out RESULT.json
 
-SYSTEM is ``kvtide``, ``kvtide-list``, ``kvtide-ghost``, ``ref``, ``ref-vllm``, ``sglang`` or
-``vllm``.
+SYSTEM is ``kvtide``, ``kvtide-list``, ``kvtide-ghost``, ``kvtide-tel-null``,
+``kvtide-tel-prom``, ``ref``, ``ref-vllm``, ``sglang`` or ``vllm``.
 DATA_DIR holds ``tokens.npy`` (int32, every prompt's token ids end to end) and ``offsets.npy``
 (int64, n + 1 offsets), written once by cache_ops.py. The peers run under the peer venv's
 python (bench/setup_peers.sh), so this module imports only the standard library and numpy at
@@ -97,6 +97,7 @@ def _kvtide_systems() -> tuple[type[System], type[System], type[System]]:
             hashes = hash_tokens(tokens, BLOCK_TOKENS, seed)
             self.hash_ns += time.thread_time_ns() - start
             match = cache.match(hashes)
+            self._last_hashes, self._last_hit = hashes, match.num_blocks
             # The last prompt token is always recomputed (vLLM and SGLang alike).
             hit = min(match.num_blocks, (len(tokens) - 1) // BLOCK_TOKENS)
             access = cache.insert(hashes, match=match)
@@ -120,6 +121,58 @@ def _kvtide_systems() -> tuple[type[System], type[System], type[System]]:
         options: dict[str, Any] = {}  # noqa: RUF012
 
     return Kvtide, KvtideList, KvtideGhost
+
+
+COLLECT_EVERY = 10
+"""Requests between two ``CacheTelemetry.collect`` calls (an engine collects once per
+iteration of several requests, or per scrape: every 10 requests is on the costly side)."""
+
+
+def _kvtide_telemetry_systems() -> tuple[type[System], type[System]]:
+    from kvtide.telemetry import CacheTelemetry, NullRecorder, PrometheusRecorder, Recorder
+
+    Ghost = _kvtide_systems()[2]
+
+    class KvtideTelemetryNull(Ghost):  # type: ignore[misc, valid-type]
+        """kvtide-ghost with the request counted (``count_lookup``) and ``CacheTelemetry``
+        attached (block hooks, collect every COLLECT_EVERY requests) on the null recorder."""
+
+        name = "kvtide-tel-null"
+
+        def make_recorder(self) -> Recorder:
+            return NullRecorder()
+
+        def __init__(self, capacity_tokens: int) -> None:
+            super().__init__(capacity_tokens)
+            self.recorder = self.make_recorder()
+            self.telemetry = CacheTelemetry(self.recorder, self.cache)
+            self.n = 0
+
+        def step(self, tokens: Any) -> int:
+            cached = super().step(tokens)
+            self.cache.count_lookup(self._last_hashes, self._last_hit, len(tokens))
+            self.n += 1
+            if self.n % COLLECT_EVERY == 0:
+                self.telemetry.collect()
+            return cached
+
+    class KvtideTelemetryProm(KvtideTelemetryNull):
+        """The same on the Prometheus recorder, rendered (a scrape) every 1,000 requests."""
+
+        name = "kvtide-tel-prom"
+
+        def make_recorder(self) -> Recorder:
+            return PrometheusRecorder()
+
+        def step(self, tokens: Any) -> int:
+            cached = super().step(tokens)
+            if self.n % 1000 == 0:
+                rec = self.recorder
+                assert isinstance(rec, PrometheusRecorder)
+                rec.exposition()
+            return cached
+
+    return KvtideTelemetryNull, KvtideTelemetryProm
 
 
 # --- the reference ---------------------------------------------------------------------------
@@ -332,6 +385,8 @@ LOADERS: dict[str, Callable[[], type[System]]] = {
     "kvtide": lambda: _kvtide_systems()[0],
     "kvtide-list": lambda: _kvtide_systems()[1],
     "kvtide-ghost": lambda: _kvtide_systems()[2],
+    "kvtide-tel-null": lambda: _kvtide_telemetry_systems()[0],
+    "kvtide-tel-prom": lambda: _kvtide_telemetry_systems()[1],
     "ref": lambda: _ref_systems()[0],
     "ref-vllm": lambda: _ref_systems()[1],
     "sglang": _sglang_system,

@@ -26,6 +26,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "calibrate": "kvtide.cli.calibrate",
     "engine": "kvtide.cli.engine",
     "load": "kvtide.cli.load",
+    "alerts": "kvtide.cli.alerts",
 }
 
 

@@ -26,7 +26,14 @@ class BlockPool:
     churn (allocations and frees since creation).
     """
 
-    __slots__ = ("_extra_refs", "_free", "num_allocations_total", "num_blocks", "num_frees_total")
+    __slots__ = (
+        "_extra_refs",
+        "_free",
+        "num_allocations_total",
+        "num_blocks",
+        "num_frees_total",
+        "num_withdrawn",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 0:
@@ -39,6 +46,7 @@ class BlockPool:
         self._extra_refs: dict[int, int] = {}
         self.num_allocations_total = 0
         self.num_frees_total = 0
+        self.num_withdrawn = 0
 
     @property
     def num_free(self) -> int:
@@ -46,7 +54,21 @@ class BlockPool:
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - len(self._free) - self.num_withdrawn
+
+    @property
+    def num_usable(self) -> int:
+        """Blocks the pool can hand out: all of them but those withdrawn."""
+        return self.num_blocks - self.num_withdrawn
+
+    def withdraw(self, n: int) -> int:
+        """Takes up to ``n`` free blocks out of service for good (the pool shrinks, as when an
+        engine is given less KV memory); returns how many. Ids stay as they were."""
+        k = max(0, min(n, len(self._free)))
+        if k:
+            del self._free[-k:]
+            self.num_withdrawn += k
+        return k
 
     def try_allocate(self, n: int) -> array[int] | None:
         free = self._free

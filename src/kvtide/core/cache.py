@@ -18,7 +18,7 @@ from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEv
 from kvtide.core.eviction import PolicyContext, make_policy
 from kvtide.core.hashing import BlockHashes, as_block_hashes
 from kvtide.core.node import Node
-from kvtide.core.radix_tree import RadixTree, TreeListener
+from kvtide.core.radix_tree import RadixTree, TouchListener, TreeListener
 from kvtide.errors import ConfigError, UsageError
 from kvtide.types import BlockHash, Tier
 
@@ -264,12 +264,14 @@ class KVCache:
         self._miss_other = 0
         self._miss_partial = 0
         self._inserted = 0
+        self._tenant_tokens: dict[str, list[int]] = {}  # tenant -> [prompt, hit] tokens
 
     # --- the block-level API -------------------------------------------------------------
 
     @property
     def capacity_blocks(self) -> int:
-        return self.config.capacity_blocks
+        """Blocks in service: the configured capacity less any ``shrink``."""
+        return self.pool.num_usable
 
     @property
     def num_cached_blocks(self) -> int:
@@ -311,6 +313,15 @@ class KVCache:
     def evict(self, num_blocks: int) -> int:
         return self.tree.evict(num_blocks)
 
+    def shrink(self, num_blocks: int) -> int:
+        """Takes up to ``num_blocks`` blocks out of service for good, evicting unlocked cached
+        blocks to free them; returns how many went (fewer while locked blocks stand in the
+        way). Models an engine given less KV memory."""
+        short = num_blocks - self.pool.num_free
+        if short > 0:
+            self.tree.evict(short)
+        return self.pool.withdraw(num_blocks)
+
     def discard(self, hashes: Sequence[BlockHash]) -> int:
         """Drops the last block of the path ``hashes`` and every block cached below it (a
         stored copy found corrupt); blocks in use stay. Returns the blocks removed."""
@@ -325,6 +336,10 @@ class KVCache:
         """Calls ``observer.stored`` / ``observer.removed`` on every store and removal
         (synchronously, inside the cache operation: keep them cheap)."""
         self._recorder.observers.append(observer)
+
+    def set_touch_listener(self, listener: TouchListener) -> None:
+        """Calls ``listener.touched(path, now_s)`` on every touched path (reuse gaps)."""
+        self.tree.touch_listener = listener
 
     def take_events(self) -> list[KVEvent]:
         """Drains the events recorded since the last call (``record_events`` must be on)."""
@@ -357,7 +372,7 @@ class KVCache:
         if self._pins:
             self.expire_pins()
         node, hit = self.tree.match(hashes)
-        self._account(hashes, hit, prompt_tokens, tenant, shadow_hashes)
+        self.count_lookup(hashes, hit, prompt_tokens, tenant=tenant, shadow_hashes=shadow_hashes)
         new = 0
         if insert and hit < len(hashes):
             node, new = self.tree.insert(
@@ -371,19 +386,28 @@ class KVCache:
             self.tree.lock(node)
         return Access(hit, new, node, self.tree, refused, lock and node.parent is not None)
 
-    def _account(
+    def count_lookup(
         self,
         hashes: Sequence[BlockHash],
         hit: int,
         prompt_tokens: int,
-        tenant: str,
-        shadow_hashes: Sequence[BlockHash] | None,
+        *,
+        tenant: str = "",
+        shadow_hashes: Sequence[BlockHash] | None = None,
     ) -> None:
+        """Counts one request's lookup whose match found ``hit`` of ``hashes``' full blocks,
+        and classifies the missed ones. ``access`` calls it; an engine that matches and
+        inserts block by block calls it once per request, before or after its insert."""
         bt = self.config.block_tokens
         n = len(hashes)
         self._lookups += 1
         self._prompt_tokens += prompt_tokens
         self._hit_tokens += hit * bt
+        by_tenant = self._tenant_tokens.get(tenant)
+        if by_tenant is None:
+            by_tenant = self._tenant_tokens[tenant] = [0, 0]
+        by_tenant[0] += prompt_tokens
+        by_tenant[1] += hit * bt
         self._full_blocks += n
         self._hit_blocks += hit
         self._miss_partial += max(prompt_tokens - n * bt, 0)
@@ -476,6 +500,10 @@ class KVCache:
     def pinned_blocks(self) -> int:
         return sum(self._pinned_by_tenant.values())
 
+    def tenant_tokens(self) -> dict[str, tuple[int, int]]:
+        """Per tenant, (prompt tokens, hit tokens) counted by ``count_lookup`` so far."""
+        return {t: (c[0], c[1]) for t, c in self._tenant_tokens.items()}
+
     # --- counters ------------------------------------------------------------------------
 
     def stats(self) -> CacheStats:
@@ -494,7 +522,7 @@ class KVCache:
             allocations_total=self.pool.num_allocations_total,
             frees_total=self.pool.num_frees_total,
             cached_blocks=self.tree.num_cached_blocks,
-            capacity_blocks=self.config.capacity_blocks,
+            capacity_blocks=self.capacity_blocks,
             pinned_blocks=self.pinned_blocks,
             elapsed_s=self.clock.now() - self._start_s,
         )

@@ -43,6 +43,21 @@ class NullListener:
         pass
 
 
+class TouchListener(Protocol):
+    """Told of every touched path before its nodes' ``last_access_s`` move to ``now_s``, so
+    ``now_s - node.last_access_s`` is each block's reuse gap (telemetry's reuse-gap histogram
+    over every block). Called once per ``match``; keep it cheap."""
+
+    def touched(self, path: list[Node], now_s: float) -> None: ...
+
+
+class NullTouchListener:
+    __slots__ = ()
+
+    def touched(self, path: list[Node], now_s: float) -> None:
+        pass
+
+
 def _common_blocks(key: bytes, raw: bytes, p: int) -> int:
     """Blocks shared by ``key`` and ``raw[p:]`` (byte offsets); their first block matched."""
     lo, hi = 1, min(len(key), len(raw) - p) >> 3
@@ -70,6 +85,7 @@ class RadixTree:
         self.root = Node(None, b"", array("i"), 0)
         self.root.lock_ref = 1  # the root is never evicted
         self.listener: TreeListener = listener or NullListener()
+        self.touch_listener: TouchListener = NullTouchListener()
         self.tick = 0
         self.num_cached_blocks = 0
         self.num_locked_blocks = 0  # blocks of nodes with lock_ref > 0 (the rest is evictable)
@@ -155,6 +171,7 @@ class RadixTree:
         self.tick += 1
         tick = self.tick
         now = self.clock.now()
+        self.touch_listener.touched(path, now)
         single = self._single
         for node in path:
             node.last_access = tick

@@ -244,6 +244,9 @@ class TierStats:
     tier: Tier
     capacity_blocks: int
     cached_blocks: int
+    lookups: int
+    """Requests looked up in this tier: every one on the device, those the tiers above did
+    not fully serve below it."""
     hit_tokens: int
     reloaded_tokens: int
     written_blocks: int
@@ -295,6 +298,7 @@ class TieredStats:
 
 @dataclass(slots=True)
 class _Counters:
+    lookups: int = 0
     hit_tokens: int = 0
     reloaded_tokens: int = 0
     written_blocks: int = 0
@@ -458,6 +462,7 @@ class TieredCache:
         if self.lower and self.device.match(hashes, touch=False).num_blocks < n:
             end = 0
             for tier, cache in self.lower:
+                self._counters[tier].lookups += 1
                 lower_ends[tier] = m = cache.match(hashes).num_blocks
                 end = max(end, m)
                 if end >= n:
@@ -480,6 +485,7 @@ class TieredCache:
                 end = m
         cost = self.cost
         counters = self._counters
+        counters[Tier.DEVICE].lookups += 1
         counters[Tier.DEVICE].hit_tokens += d * bt
         counters[Tier.DEVICE].reloaded_tokens += d * bt
         saved = 0.0
@@ -664,6 +670,7 @@ class TieredCache:
                 tier=tier,
                 capacity_blocks=cache.capacity_blocks,
                 cached_blocks=cache.num_cached_blocks,
+                lookups=c.lookups,
                 hit_tokens=c.hit_tokens,
                 reloaded_tokens=c.reloaded_tokens,
                 written_blocks=c.written_blocks,

@@ -454,6 +454,8 @@ class Scheduler:
         seq.num_computed = min(usable, target - 1)
         seq.num_target = target
         if seq.hit_tokens < 0:
+            if tiers is None:  # first admission: the cache counts and classifies the lookup
+                cache.count_lookup(hashes, hit_blocks, req.prompt_tokens, tenant=req.tenant)
             fetched = fetch.num_blocks * bt
             self._count_hits(
                 seq, max(hit, usable), usable=usable, fetched=fetched, host=host, disk=disk

@@ -82,6 +82,9 @@ class FleetConfig:
     """A global KV pool: a replica fetches a longer prefix held by another replica over the
     network when that beats recomputing it (Mooncake's store)."""
     sample_interval_s: float = 10.0
+    classify_misses: bool = True
+    """Remember evicted hashes (4x the capacity) so that a miss on a block evicted and wanted
+    again is told from a cold one: the early warning's main signal."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
@@ -99,6 +102,11 @@ class FleetConfig:
                 raise ConfigError("an outage must end after it starts")
         if self.host_capacity_blocks < 0 or self.disk_capacity_blocks < 0:
             raise ConfigError("a host or disk tier's capacity must be >= 0")
+
+
+def config_ghost(config: FleetConfig) -> int | None:
+    """``CacheConfig.ghost_blocks`` for the fleet's caches: the default memory, or none."""
+    return None if config.classify_misses else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +277,7 @@ class Fleet:
                     disk=disk,
                     block_tokens=cfg.block_tokens,
                     record_events=True,
-                    ghost_blocks=0,
+                    ghost_blocks=config_ghost(cfg),
                 ),
                 self.clock,
                 self.tier_cost,
@@ -282,7 +290,7 @@ class Fleet:
                 cfg.block_tokens,
                 policy=cfg.eviction,
                 record_events=True,
-                ghost_blocks=0,
+                ghost_blocks=config_ghost(cfg),
             ),
             self.clock,
         )

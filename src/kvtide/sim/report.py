@@ -25,6 +25,7 @@ from kvtide.sim.scenario import (
     prepare,
 )
 from kvtide.sim.svg import PALETTE, Line, heatmap, line_chart
+from kvtide.sim.telemetry_report import render_telemetry
 
 CAPACITY_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 SMOOTH_FRACTION = 0.1
@@ -165,6 +166,7 @@ def render(
         )
     parts += _capacity_section(scenario, results, curve)
     parts += [
+        render_telemetry(results),
         "<h2>Definitions</h2><p class='note'>TTFT: arrival to first token. TPOT: seconds "
         "per output token after the first. E2E: arrival to last token. Hit ratio: prompt "
         "tokens found cached at first admission over all prompt tokens. Throughput: prompt "

@@ -16,6 +16,7 @@ import numpy as np
 
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig
+from kvtide.core.hashing import BlockHashes
 from kvtide.costs.cost_model import CostModel
 from kvtide.costs.memory import memory_fit
 from kvtide.costs.specs import gpu_preset, resolve_model
@@ -30,6 +31,8 @@ from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import RunSummary, TimeSeries
 from kvtide.sim.settings import check_pools
+from kvtide.sim.telemetry import FleetTelemetry, PoolShrink, TelemetryResult
+from kvtide.telemetry.detector import DetectorConfig
 from kvtide.types import Request
 from kvtide.workloads import open_workload
 from kvtide.workloads.oversized import OversizedRequests
@@ -115,6 +118,8 @@ class RunResult:
     """Simulated seconds from the first arrival to the last event."""
     diagnostics: dict[str, float] = field(default_factory=dict)
     """Index health and event-channel counters (routing regret, losses, resyncs)."""
+    telemetry: TelemetryResult | None = None
+    """The cache metrics over time and the early warning's alerts (``sim.telemetry``)."""
 
 
 def cost_model(scenario: Scenario) -> CostModel:
@@ -265,16 +270,28 @@ def run(
     scenario: Scenario,
     prepared: PreparedWorkload | None = None,
     progress: Callable[[float], None] | None = None,
+    *,
+    detector: DetectorConfig | None = None,
+    shrink: PoolShrink | None = None,
 ) -> RunResult:
     """Replays the scenario's workload through a fresh fleet; ``progress`` gets the fraction
-    of the arrival span simulated so far."""
+    of the arrival span simulated so far. ``detector`` configures the early warning run on the
+    fleet's telemetry; ``shrink`` takes device memory away from every replica step by step."""
     prepared = prepared or prepare(scenario)
     requests = prepared.requests
     block_tokens = prepared.block_tokens
     model = cost_model(scenario)
     clock = ManualClock(requests[0].arrival_s)
     loop = EventLoop(clock)
-    hasher = RequestHasher(block_tokens, scenario.model)
+    hash_request = RequestHasher(block_tokens, scenario.model)
+    observed: list[FleetTelemetry] = []  # set once the fleet exists
+
+    def hasher(request: Request) -> BlockHashes:
+        hashes = hash_request(request)
+        for telemetry in observed:
+            telemetry.routed(hashes)
+        return hashes
+
     capacity_blocks = scenario.gpu_cache_tokens // block_tokens
     span_s = requests[-1].arrival_s - requests[0].arrival_s
     config = FleetConfig(
@@ -327,6 +344,8 @@ def run(
         recompute_s=model.prefill_compute_time,
         tier_cost=model,
     )
+    telemetry = FleetTelemetry(fleet, loop, requests[0].arrival_s, detector, shrink)
+    observed.append(telemetry)
     feed = _Feed(iter(requests), fleet, loop)
     feed.schedule_next()
     sampler = _Sampler(
@@ -334,6 +353,7 @@ def run(
     )
     sampler.progress = progress
     sampler.start()
+    telemetry.start()
     loop.run()
     fleet.metrics.sample(fleet.sample())
     summary = fleet.metrics.summarize(
@@ -355,6 +375,7 @@ def run(
         len(fleet.unserved),
         clock.now() - requests[0].arrival_s,
         {**_diagnostics(fleet), "skipped_requests": len(prepared.skipped)},
+        telemetry.result(),
     )
 
 

@@ -45,3 +45,15 @@ def test_double_free_is_an_error() -> None:
     pool.free(a)
     with pytest.raises(ValueError):
         pool.free(a)
+
+
+def test_withdraw_takes_free_blocks_out_of_service() -> None:
+    pool = BlockPool(4)
+    taken = pool.try_allocate(3)
+    assert taken is not None
+    assert pool.withdraw(5) == 1  # only the free one
+    assert (pool.num_usable, pool.num_free, pool.num_used) == (3, 0, 3)
+    pool.free(taken)
+    assert pool.withdraw(2) == 2
+    assert (pool.num_usable, pool.num_free, pool.num_used) == (1, 1, 0)
+    assert pool.try_allocate(2) is None

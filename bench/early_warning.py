@@ -1,0 +1,200 @@
+"""Early warning, measured: does the detector fire before TTFT p99 degrades as the device pool
+shrinks step by step, and stay quiet through a cold start and a steady hour?
+
+    nice python bench/early_warning.py ../shared/traces/mooncake_conversation.jsonl \
+        builtin:chat:duration_s=3600,sessions=1800 builtin:agent:duration_s=3600,sessions=360
+
+Per workload, two runs on the same arrivals and the same fleet: a steady one (the pool as
+configured) and a shrinking one (from ``--shrink-start-s``, every ``--shrink-every-s`` each
+replica's device pool loses ``--shrink-fraction`` of its capacity, ``--shrink-steps`` times).
+TTFT p99 is the rolling p99 over requests that arrived in the last 5 minutes, at every detector
+tick. "Degraded" is the first tick after the shrink starts whose p99 exceeds 1.2 x the steady
+run's p99 at the same tick (paired: the same requests arrive in both), held for two ticks;
+the lead time is that time minus the first pool_undersized alert. A false alarm is any
+pool_undersized or fragmentation alert in the steady run, and any alert of the shrinking run
+before its first shrink step; the cold start is the time until the pool first evicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvtide.engine.scheduler import EngineConfig
+from kvtide.errors import KvtideError
+from kvtide.sim.scenario import Scenario, prepare, run
+from kvtide.sim.telemetry import PoolShrink, TelemetryResult
+from kvtide.telemetry.detector import DetectorConfig
+
+DEGRADED = 1.2
+HOLD_TICKS = 2
+
+
+def git_rev() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def degraded_at(steady: TelemetryResult, shrunk: TelemetryResult, after_s: float) -> float | None:
+    base = dict(zip(steady.times_s, steady.ttft_p99_s, strict=True))
+    run_len = 0
+    for t, p99 in zip(shrunk.times_s, shrunk.ttft_p99_s, strict=True):
+        ref = base.get(t, math.nan)
+        bad = t >= after_s and p99 > DEGRADED * ref
+        run_len = run_len + 1 if bad else 0
+        if run_len == HOLD_TICKS:
+            return t
+    return None
+
+
+def measure(
+    scenario: Scenario, shrink: PoolShrink, config: DetectorConfig, dump: Path | None = None
+) -> dict[str, Any]:
+    prepared = prepare(scenario)
+    t0 = time.perf_counter()
+    steady = run(scenario, prepared, detector=config).telemetry
+    shrunk = run(scenario, prepared, detector=config, shrink=shrink).telemetry
+    wall_s = time.perf_counter() - t0
+    assert steady is not None and shrunk is not None
+    if dump is not None:  # both runs' telemetry, to replay other detector settings offline
+        with dump.open("wb") as out:
+            pickle.dump((steady, shrunk, shrink), out)
+    start = steady.times_s[0] - config.interval_s if steady.times_s else 0.0
+    shrink_at = start + shrink.start_s
+    first_evict = next(
+        (
+            t
+            for t, e in zip(steady.times_s, steady.evictions_per_s.get("device", []), strict=False)
+            if e > 0
+        ),
+        None,
+    )
+    false_steady = [a for a in steady.alerts if a.name != "cold_start"]
+    early = [a for a in shrunk.alerts if a.name != "cold_start" and a.time_s < shrink_at]
+    alert = next(
+        (a for a in shrunk.alerts if a.name == "pool_undersized" and a.time_s >= shrink_at), None
+    )
+    bad = degraded_at(steady, shrunk, shrink_at)
+    caps = dict(zip(shrunk.times_s, shrunk.capacity_blocks, strict=True))
+    full = steady.capacity_blocks[-1] if steady.capacity_blocks else math.nan
+    return {
+        "workload": scenario.workload,
+        "requests": len(prepared.requests),
+        "span_s": prepared.description["span_s"],
+        "offered_load": prepared.description["offered_load"],
+        "wall_s": wall_s,
+        "cold_start_s": None if first_evict is None else first_evict - start,
+        "cold_start_alerts": [a.time_s - start for a in steady.alerts if a.name == "cold_start"],
+        "false_alarms_steady": [(a.name, a.time_s - start, a.reason) for a in false_steady],
+        "false_alarms_before_shrink": [(a.name, a.time_s - start, a.reason) for a in early],
+        "alert_s": None if alert is None else alert.time_s - start,
+        "alert_reason": None if alert is None else alert.reason,
+        "alert_pool_fraction": None if alert is None else caps.get(alert.time_s, 0) / full,
+        "degraded_s": None if bad is None else bad - start,
+        "degraded_pool_fraction": None if bad is None else caps.get(bad, 0) / full,
+        "lead_s": None if alert is None or bad is None else bad - alert.time_s,
+        "shrunk_alerts": [(a.name, a.time_s - start) for a in shrunk.alerts],
+        "steady_ttft_p99_s_median": _median(steady.ttft_p99_s),
+    }
+
+
+def _median(xs: list[float]) -> float:
+    vals = sorted(x for x in xs if not math.isnan(x))
+    return vals[len(vals) // 2] if vals else math.nan
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("workloads", nargs="+", help="trace paths or builtin:NAME[:k=v,...]")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--model", default="llama-3-8b")
+    parser.add_argument("--gpu", default="h100")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument(
+        "--load", type=float, default=0.7, help="offered prefill load; 0: the workload's own times"
+    )
+    parser.add_argument("--gpu-cache-tokens", type=int, default=1_000_000)
+    parser.add_argument("--router", default="cost")
+    parser.add_argument("--prefill-only", action="store_true")
+    parser.add_argument("--shrink-start-s", type=float, default=1500.0)
+    parser.add_argument("--shrink-every-s", type=float, default=120.0)
+    parser.add_argument("--shrink-fraction", type=float, default=0.05)
+    parser.add_argument("--shrink-steps", type=int, default=16)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--dump", type=Path, help="pickle each workload's telemetry to DIR/N.pkl")
+    args = parser.parse_args()
+    config = DetectorConfig()
+    try:
+        shrink = PoolShrink(
+            args.shrink_start_s, args.shrink_every_s, args.shrink_fraction, args.shrink_steps
+        )
+    except KvtideError as exc:
+        print(f"early_warning: {exc}", file=sys.stderr)
+        return 2
+    print(f"early_warning  git {git_rev()}  detector {config}")
+    print(f"  shrink {shrink}; degraded = rolling 5-min TTFT p99 > {DEGRADED} x steady run's")
+    rows = []
+    for workload in args.workloads:
+        scenario = Scenario(
+            workload=workload,
+            replicas=args.replicas,
+            model=args.model,
+            gpu=args.gpu,
+            tp=args.tp,
+            load=args.load or None,
+            gpu_cache_tokens=args.gpu_cache_tokens,
+            router=args.router,
+        )
+        if args.prefill_only:
+            scenario = scenario.with_(engine=EngineConfig(prefill_only=True))
+        try:
+            dump = args.dump / f"{len(rows)}.pkl" if args.dump else None
+            row = measure(scenario, shrink, config, dump)
+        except KvtideError as exc:
+            print(f"early_warning: {workload}: {exc}", file=sys.stderr)
+            return 2
+        rows.append(row)
+        print(
+            f"\n{workload}: {row['requests']} requests over {row['span_s']:.0f} s, offered "
+            f"load {row['offered_load']:.2f} "
+            f"({row['wall_s']:.0f} s wall for both runs)"
+        )
+        print(
+            f"  cold start: pool first evicts at {row['cold_start_s']} s; cold_start alerts "
+            f"at {row['cold_start_alerts'][:5]}"
+        )
+        print(
+            f"  false alarms: steady run {len(row['false_alarms_steady'])}, shrinking run "
+            f"before the first shrink {len(row['false_alarms_before_shrink'])}"
+        )
+        for name, t, reason in row["false_alarms_steady"][:3]:
+            print(f"    steady {name} at {t:.0f} s: {reason}")
+        print(
+            f"  pool_undersized fires at {row['alert_s']} s "
+            f"(pool at {row['alert_pool_fraction']}); TTFT p99 degraded at "
+            f"{row['degraded_s']} s (pool at {row['degraded_pool_fraction']}); "
+            f"lead {row['lead_s']} s"
+        )
+        if row["alert_reason"]:
+            print(f"    {row['alert_reason']}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""Early warning: flags an undersized KV pool before tail latency degrades, and tells it apart
+from a cold start and from fragmentation. Each alert says why, with the numbers.
+
+The detector compares a fast window (the last ``fast_s``) with a baseline (the ``slow_s``
+before it) over cumulative counters, exactly as the Prometheus rules of ``rules.py`` do with
+``increase(x[fast])`` and ``increase(x[slow] offset fast)``:
+
+* **pool_undersized**: the share of the prefill work (prompt tokens not found on the device)
+  spent on blocks that were evicted and wanted again (the *regret ratio*) rose by at least
+  ``min_regret_rise`` over its baseline (and by ``regret_factor`` relative to it); eviction
+  velocity did not fall (``evict_factor``: in a full pool evictions follow insertions, i.e.
+  misses, so a few points of hit ratio move it by only a few percent); arrivals stayed within
+  ``steady_tolerance`` of their baseline; and the pool was already evicting when the baseline
+  began (a fleet still filling cannot trip it). Cold misses do not move the regret ratio, so a
+  workload of mostly first uses (compulsory misses) does not trip it either.
+* **cold_start**: the pool has not been evicting for a whole baseline yet and most missed
+  tokens are first uses (``max_cold_share``): misses a bigger pool would not fix; reported so
+  that an operator does not mistake a warming fleet for a small one.
+* **fragmentation**: eviction velocity did not fall with steady arrivals while the blocks held
+  outside the prefix cache (partial last blocks, generated tokens, slots reserved ahead: used
+  minus cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool.
+
+Why the regret ratio is over the prefill work, and ``min_regret_rise`` = 3 % of it: a regretted
+token is recomputed, so the rise is the fraction by which the prefill work grew; with a high hit
+ratio a small loss of hits is a large growth of work (hits 80 % -> 78 % is 10 % more work).
+Queueing delay grows as rho / (1 - rho), so its logarithm moves by (d rho / rho) / (1 - rho): at
+a utilisation of 0.7, 3 % more work lengthens the wait by 10 %, half of a 20 % degradation,
+which leaves the margin to act. The windows follow the workload's time scales: the fast one
+holds enough requests for a stable ratio, the baseline several reuse-gap medians (about 2 minutes on
+production conversation traces).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvtide.telemetry.metrics import (
+    ALERT_ACTIVE,
+    ALERT_FIRED,
+    ALERTS,
+    CACHED_BLOCKS,
+    CAPACITY_BLOCKS,
+    EVICTED_BLOCKS,
+    HIT_TOKENS,
+    LOOKUPS,
+    MISS_TOKENS,
+    PROMPT_TOKENS,
+    USED_BLOCKS,
+)
+from kvtide.telemetry.recorders import MemoryRecorder, NullRecorder, Recorder
+
+LOG = logging.getLogger("kvtide.alerts")
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    fast_s: float = 300.0
+    slow_s: float = 900.0
+    interval_s: float = 30.0
+    """How often the rules are evaluated (the detector should be updated as often)."""
+    for_s: float = 60.0
+    """How long a condition must hold before its alert fires (Prometheus ``for``)."""
+    min_regret_rise: float = 0.03
+    regret_factor: float = 1.2
+    evict_factor: float = 1.0
+    steady_tolerance: float = 0.25
+    max_cold_share: float = 0.5
+    private_factor: float = 1.25
+    min_private_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.interval_s <= self.fast_s < self.slow_s:
+            raise ValueError("windows must satisfy 0 < interval <= fast < slow")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Cumulative counters (and two gauges) of one instance or a whole fleet at ``time_s``."""
+
+    time_s: float
+    lookups: float
+    prompt_tokens: float
+    miss_cold_tokens: float
+    miss_evicted_tokens: float
+    evicted_blocks: float
+    used_blocks: float
+    cached_blocks: float
+    capacity_blocks: float
+    hit_tokens: float = 0.0
+    """Prompt tokens found on the device: prompt minus hit tokens is the prefill work."""
+
+    @property
+    def work_tokens(self) -> float:
+        return self.prompt_tokens - self.hit_tokens
+
+    @property
+    def private_blocks(self) -> float:
+        """Pool blocks in use outside the prefix cache."""
+        return self.used_blocks - self.cached_blocks
+
+    @classmethod
+    def of(cls, time_s: float, recorders: Iterable[MemoryRecorder]) -> Sample:
+        """Sums device counters over ``recorders`` (one per replica, or one per fleet)."""
+        v = [0.0] * 9
+        for r in recorders:
+            v[8] += r.value(HIT_TOKENS, ("device",))
+            v[0] += r.value(LOOKUPS, ("device",))
+            v[1] += r.value(PROMPT_TOKENS)
+            v[2] += r.value(MISS_TOKENS, ("cold",))
+            v[3] += r.value(MISS_TOKENS, ("evicted",))
+            v[4] += r.value(EVICTED_BLOCKS, ("device",))
+            v[5] += r.value(USED_BLOCKS)
+            v[6] += r.value(CACHED_BLOCKS, ("device",))
+            v[7] += r.value(CAPACITY_BLOCKS, ("device",))
+        return cls(time_s, *v)
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """The detector's inputs at one evaluation (rates per second, ratios in [0, 1])."""
+
+    time_s: float
+    regret_fast: float
+    regret_slow: float
+    evict_fast: float
+    evict_slow: float
+    arrivals_fast: float
+    arrivals_slow: float
+    cold_share: float
+    is_warm: bool
+    private_fast: float
+    private_slow: float
+    capacity_blocks: float
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    name: str
+    severity: str
+    time_s: float
+    """When it fired (the condition held for ``for_s`` by then)."""
+    reason: str
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else math.nan
+
+
+class EarlyWarning:
+    """Evaluated at each ``update`` with a fresh cumulative ``Sample``; returns the alerts
+    that fired at that evaluation (and logs them, and sets the alert metrics on
+    ``recorder``). ``active`` holds the alerts firing now, ``history`` every alert fired."""
+
+    def __init__(
+        self,
+        config: DetectorConfig | None = None,
+        recorder: Recorder | None = None,
+        *,
+        log: bool = True,
+    ) -> None:
+        self.config = config or DetectorConfig()
+        self.log = log
+        self.recorder: Recorder = recorder or NullRecorder()
+        self._samples: deque[Sample] = deque()
+        self._times: deque[float] = deque()
+        self._pending: dict[str, float] = {}  # alert -> first evaluation its condition held
+        self.active: dict[str, Alert] = {}
+        self.history: list[Alert] = []
+        self.signals: list[Signals] = []
+
+    # --- windows over the sample history -------------------------------------------------
+
+    def _at(self, t: float, attr: str) -> float | None:
+        """The counter ``attr`` at time ``t``, linear between samples; None before history."""
+        times = self._times
+        if not times or t < times[0] - 1e-9:
+            return None
+        i = bisect.bisect_left(times, t)
+        if i < len(times) and abs(times[i] - t) < 1e-9:
+            return float(getattr(self._samples[i], attr))
+        if i >= len(times):
+            return float(getattr(self._samples[-1], attr))
+        a, b = self._samples[i - 1], self._samples[i]
+        f = (t - a.time_s) / (b.time_s - a.time_s)
+        va, vb = float(getattr(a, attr)), float(getattr(b, attr))
+        return va + f * (vb - va)
+
+    def _increase(
+        self, attr: str, end: float, span: float, *, partial: bool = False
+    ) -> float | None:
+        """The counter's gain over ``(end - span, end]``; with ``partial`` a window reaching
+        before the history starts at the first sample (Prometheus, too, computes a range over
+        the samples it has: its extrapolation scales every series of a window alike, so
+        ratios and signs agree)."""
+        start = end - span
+        if partial and self._times and start < self._times[0]:
+            start = self._times[0]
+        hi, lo = self._at(end, attr), self._at(start, attr)
+        if hi is None or lo is None:
+            return None
+        return max(hi - lo, 0.0)
+
+    def _mean(self, attr: str, end: float, span: float) -> float:
+        # Both ends included, as Prometheus 2's range selectors (avg_over_time) do.
+        lo = end - span - 1e-9
+        vals = [float(getattr(s, attr)) for s in self._samples if lo <= s.time_s <= end + 1e-9]
+        return sum(vals) / len(vals) if vals else math.nan
+
+    def _signals(self, now: float) -> Signals | None:
+        """None until the fast window is covered; baseline values are NaN (and every rule
+        that needs them false) until the baseline is covered too."""
+        c = self.config
+        f, s = c.fast_s, c.slow_s
+        base_end = now - f
+        nan = math.nan
+
+        def inc(attr: str, end: float, span: float, partial: bool = False) -> float:
+            v = self._increase(attr, end, span, partial=partial)
+            return nan if v is None else v
+
+        if len(self._times) < 2:
+            return None
+        prompt = inc("work_tokens", now, f)
+        cold_fast = inc("miss_cold_tokens", now, f, True)
+        regret_part = inc("miss_evicted_tokens", now, f, True)
+        regret = inc("miss_evicted_tokens", now, f)
+        cold = cold_fast
+        warm = inc("evicted_blocks", now - s, f)
+        return Signals(
+            time_s=now,
+            regret_fast=_ratio(regret, prompt),
+            regret_slow=_ratio(
+                inc("miss_evicted_tokens", base_end, s), inc("work_tokens", base_end, s)
+            ),
+            evict_fast=inc("evicted_blocks", now, f) / f,
+            evict_slow=inc("evicted_blocks", base_end, s) / s,
+            arrivals_fast=inc("lookups", now, f, True) / f,
+            arrivals_slow=inc("lookups", base_end, s) / s,
+            cold_share=_ratio(cold, cold + regret_part),
+            is_warm=warm > 0,
+            private_fast=self._mean("private_blocks", now, f),
+            private_slow=self._mean("private_blocks", base_end, s),
+            capacity_blocks=self._samples[-1].capacity_blocks,
+        )
+
+    # --- the rules ------------------------------------------------------------------------
+
+    def conditions(self, g: Signals) -> dict[str, str | None]:
+        """Per alert, the reason (with numbers) when its condition holds now, else None."""
+        c = self.config
+        steady = abs(_ratio(g.arrivals_fast, g.arrivals_slow) - 1) <= c.steady_tolerance
+        evict_rising = g.evict_fast >= c.evict_factor * g.evict_slow and g.evict_fast > 0
+        arrivals = f"arrivals steady at {g.arrivals_fast:.3g}/s (baseline {g.arrivals_slow:.3g}/s)"
+        out: dict[str, str | None] = dict.fromkeys(ALERTS)
+        rise = g.regret_fast - g.regret_slow
+        if (
+            g.is_warm
+            and steady
+            and evict_rising
+            and rise >= c.min_regret_rise
+            and g.regret_fast >= c.regret_factor * g.regret_slow
+        ):
+            out["pool_undersized"] = (
+                f"pool undersized: evicted-then-wanted tokens are {g.regret_fast:.1%} of the "
+                f"prefill work over the last {c.fast_s:.0f}s, up from {g.regret_slow:.1%} over the "
+                f"{c.slow_s:.0f}s before (+{rise:.1%}); eviction velocity {g.evict_fast:,.1f} "
+                f"blocks/s, up from {g.evict_slow:,.1f}; {arrivals}; {g.cold_share:.0%} of "
+                "missed tokens are first uses"
+            )
+        if not g.is_warm and g.arrivals_fast > 0 and g.cold_share >= c.max_cold_share:
+            out["cold_start"] = (
+                f"cold start: {g.cold_share:.0%} of missed tokens over the last {c.fast_s:.0f}s "
+                "are first uses, which a larger pool would not serve; evicted-then-wanted "
+                f"tokens are {g.regret_fast:.1%} of prompt tokens"
+            )
+        private_share = _ratio(g.private_fast, g.capacity_blocks)
+        if (
+            g.is_warm
+            and steady
+            and evict_rising
+            and g.private_fast >= c.private_factor * g.private_slow
+            and private_share >= c.min_private_share
+        ):
+            out["fragmentation"] = (
+                f"fragmentation: blocks held outside the prefix cache average "
+                f"{g.private_fast:,.0f} ({private_share:.0%} of the pool) over the last "
+                f"{c.fast_s:.0f}s, up from {g.private_slow:,.0f}; eviction velocity "
+                f"{g.evict_fast:,.1f} blocks/s, up from {g.evict_slow:,.1f}; {arrivals}"
+            )
+        return out
+
+    def update(self, sample: Sample) -> list[Alert]:
+        """Adds ``sample`` (times must increase) and evaluates every rule at its time."""
+        if self._times and sample.time_s <= self._times[-1]:
+            raise ValueError("samples must come in increasing time")
+        self._samples.append(sample)
+        self._times.append(sample.time_s)
+        keep = self.config.fast_s + 2 * self.config.slow_s + self.config.interval_s
+        while self._times and self._times[0] < sample.time_s - keep:
+            self._samples.popleft()
+            self._times.popleft()
+        g = self._signals(sample.time_s)
+        if g is None:
+            return []
+        self.signals.append(g)
+        fired = []
+        for name, reason in self.conditions(g).items():
+            labels = (name,)
+            if reason is None:
+                self._pending.pop(name, None)
+                if self.active.pop(name, None) is not None:
+                    self.recorder.set(ALERT_ACTIVE, 0.0, labels)
+                continue
+            since = self._pending.setdefault(name, g.time_s)
+            if name in self.active or g.time_s - since < self.config.for_s - 1e-9:
+                continue
+            alert = Alert(name, _SEVERITY[name], g.time_s, reason, _values(g))
+            self.active[name] = alert
+            self.history.append(alert)
+            fired.append(alert)
+            self.recorder.set(ALERT_ACTIVE, 1.0, labels)
+            self.recorder.inc(ALERT_FIRED, 1.0, labels)
+            if self.log:
+                LOG.log(logging.INFO if alert.severity == "info" else logging.WARNING, reason)
+        return fired
+
+    def first(self, name: str) -> Alert | None:
+        return next((a for a in self.history if a.name == name), None)
+
+
+_SEVERITY = {"pool_undersized": "warning", "cold_start": "info", "fragmentation": "warning"}
+
+
+def _values(g: Signals) -> dict[str, float]:
+    return {
+        "regret_fast": g.regret_fast,
+        "regret_slow": g.regret_slow,
+        "evict_fast": g.evict_fast,
+        "evict_slow": g.evict_slow,
+        "arrivals_fast": g.arrivals_fast,
+        "arrivals_slow": g.arrivals_slow,
+        "cold_share": g.cold_share,
+        "private_fast": g.private_fast,
+        "private_slow": g.private_slow,
+    }
+
+
+def run_detector(samples: Sequence[Sample], config: DetectorConfig | None = None) -> EarlyWarning:
+    """A detector fed ``samples`` in order (offline evaluation, tests and reports)."""
+    detector = EarlyWarning(config, log=False)
+    for sample in samples:
+        detector.update(sample)
+    return detector

@@ -1,0 +1,103 @@
+"""RouterTelemetry: index staleness, lost events, routing regret and the prefix replication
+factor, from the routing package's ``IndexHealth`` and a count of replicas holding a block."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kvtide.routing.consistency import IndexHealth
+from kvtide.telemetry.metrics import (
+    EVENTS_LOST,
+    INDEX_LAG,
+    INDEX_MAX_LAG,
+    PREDICTED_TOKENS,
+    REGRET_TOKENS,
+    REPLICATION,
+    REPORTED_TOKENS,
+    RESYNCS,
+    Metric,
+)
+from kvtide.telemetry.recorders import Recorder
+from kvtide.types import BlockHash
+
+
+class HotPrefixes:
+    """The most requested prefixes (their block at ``depth_blocks``, or a shorter prompt's
+    last full block), counted with Space-Saving (Metwally et al., ICDT'05): ``capacity``
+    counters whose top entries are the heavy hitters, in O(1) memory per counter."""
+
+    __slots__ = ("capacity", "counts", "depth_blocks", "paths")
+
+    def __init__(self, capacity: int = 64, depth_blocks: int = 4) -> None:
+        self.capacity = capacity
+        self.depth_blocks = depth_blocks
+        self.counts: dict[BlockHash, int] = {}
+        self.paths: dict[BlockHash, tuple[BlockHash, ...]] = {}
+
+    def add(self, hashes: Sequence[BlockHash]) -> None:
+        depth = min(len(hashes), self.depth_blocks)
+        if not depth:
+            return
+        key = hashes[depth - 1]
+        counts = self.counts
+        n = counts.get(key)
+        if n is not None:
+            counts[key] = n + 1
+            return
+        if len(counts) < self.capacity:
+            counts[key] = 1
+        else:  # replace the smallest counter, inheriting its count (the Space-Saving step)
+            victim = min(counts, key=counts.__getitem__)
+            counts[key] = counts.pop(victim) + 1
+            del self.paths[victim]
+        self.paths[key] = tuple(hashes[:depth])
+
+    def top(self, k: int) -> list[tuple[BlockHash, ...]]:
+        """The ``k`` most counted prefixes, as block-hash paths from the root."""
+        return [self.paths[h] for h in sorted(self.counts, key=lambda h: -self.counts[h])[:k]]
+
+
+class RouterTelemetry:
+    """``holders(path)`` counts the replicas holding the prefix ``path`` (from the router's
+    index, or in the simulator the caches themselves); the replication factor is its mean over the
+    ``top`` hottest prefixes. Call ``routed`` per routed request, ``collect`` periodically."""
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        health: IndexHealth,
+        holders: Callable[[Sequence[BlockHash]], int],
+        *,
+        hot: HotPrefixes | None = None,
+        top: int = 16,
+    ) -> None:
+        self.recorder = recorder
+        self.health = health
+        self.holders = holders
+        self.hot = hot or HotPrefixes()
+        self.top = top
+        self._last: dict[str, float] = {}
+
+    def routed(self, hashes: Sequence[BlockHash]) -> None:
+        self.hot.add(hashes)
+
+    def _add(self, metric: Metric, total: float) -> None:
+        delta = total - self._last.get(metric.name, 0.0)
+        if delta > 0:
+            self._last[metric.name] = total
+            self.recorder.inc(metric, delta)
+
+    def collect(self) -> None:
+        s = self.health.summary()
+        rec = self.recorder
+        latest = max((c.last_lag_s for c in self.health.replicas.values()), default=0.0)
+        rec.set(INDEX_LAG, latest)
+        rec.set(INDEX_MAX_LAG, s.max_lag_s)
+        self._add(EVENTS_LOST, s.events_lost)
+        self._add(RESYNCS, s.resyncs)
+        self._add(PREDICTED_TOKENS, s.predicted_tokens)
+        self._add(REPORTED_TOKENS, s.reported_tokens)
+        self._add(REGRET_TOKENS, s.regret_tokens)
+        hot = self.hot.top(self.top)
+        if hot:
+            rec.set(REPLICATION, sum(self.holders(h) for h in hot) / len(hot))

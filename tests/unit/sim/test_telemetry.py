@@ -1,0 +1,60 @@
+"""The simulator's telemetry: ticks, pool shrinks, miss causes and alerts on a small fleet."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtide.errors import ConfigError
+from kvtide.sim.scenario import Scenario, prepare, run
+from kvtide.sim.telemetry import PoolShrink
+from kvtide.telemetry import DetectorConfig
+from kvtide.telemetry import metrics as m
+
+SCENARIO = Scenario(
+    workload="builtin:chat:duration_s=240,sessions=60",
+    replicas=2,
+    gpu_cache_tokens=16_384,
+    router="round_robin",
+)
+CONFIG = DetectorConfig(fast_s=20.0, slow_s=60.0, interval_s=5.0, for_s=10.0)
+
+
+def test_a_shrink_takes_the_pool_away_step_by_step() -> None:
+    prepared = prepare(SCENARIO)
+    shrink = PoolShrink(start_s=60.0, every_s=20.0, step_fraction=0.1, steps=3)
+    steady = run(SCENARIO, prepared, detector=CONFIG).telemetry
+    shrunk = run(SCENARIO, prepared, detector=CONFIG, shrink=shrink).telemetry
+    assert steady is not None and shrunk is not None
+    full = 2 * (16_384 // 16)
+    assert set(steady.capacity_blocks) == {full}
+    assert shrunk.capacity_blocks[0] == full
+    assert shrunk.capacity_blocks[-1] == 2 * (1024 - 3 * round(0.1 * 1024))
+    assert shrunk.capacity_blocks == sorted(shrunk.capacity_blocks, reverse=True)
+    ticks = [b - a for a, b in zip(steady.times_s, steady.times_s[1:], strict=False)]
+    assert ticks == pytest.approx([CONFIG.interval_s] * len(ticks))
+    # A smaller pool loses reuse to eviction: more evicted-then-wanted tokens.
+    assert sum(shrunk.miss_tokens_per_s["evicted"]) > sum(steady.miss_tokens_per_s["evicted"])
+    assert steady.histograms[m.BLOCK_LIFETIME.name].count > 0
+    assert steady.histograms[m.BLOCK_REUSE_GAP.name].count > 0
+
+
+def test_telemetry_does_not_change_what_the_fleet_does() -> None:
+    a = run(SCENARIO, detector=CONFIG)
+    b = run(SCENARIO, detector=DetectorConfig())
+    assert a.summary == b.summary
+
+
+def test_a_fresh_fleet_reports_its_cold_start_and_nothing_else_while_it_fills() -> None:
+    result = run(SCENARIO, detector=CONFIG).telemetry
+    assert result is not None
+    assert [a.name for a in result.alerts][:1] == ["cold_start"]
+    evicting = result.evictions_per_s["device"]
+    first_eviction_s = next(t for t, e in zip(result.times_s, evicting, strict=True) if e > 0)
+    for alert in result.alerts[1:]:
+        # Nothing but the cold start until the pool has been evicting for a whole baseline.
+        assert alert.time_s >= first_eviction_s + CONFIG.slow_s, alert
+
+
+def test_a_shrink_must_leave_part_of_the_pool() -> None:
+    with pytest.raises(ConfigError):
+        PoolShrink(start_s=0.0, every_s=10.0, step_fraction=0.5, steps=2)
