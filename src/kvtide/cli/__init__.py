@@ -23,6 +23,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "sweep": "kvtide.cli.sweep",
     "cost": "kvtide.cli.cost",
     "calibrate": "kvtide.cli.calibrate",
+    "serve": "kvtide.cli.serve",
 }
 
 

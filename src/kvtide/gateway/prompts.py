@@ -1,0 +1,201 @@
+"""A request body's prompt identity: its full-block hashes and its size in tokens.
+
+Two modes. With a tokenizer the prompt is rendered (chat template) and tokenized as the engine
+will, and its blocks hashed in the engines' namespace, so the index the engines' KV events feed
+matches it. Without one, the prompt's UTF-8 bytes stand for tokens, ``chunk_chars`` bytes to a
+block (about ``block_tokens`` tokens): approximate, for a shadow index of the gateway's own
+decisions, as sglang-router's character tree is.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvtide.core.hashing import BlockHashes, hash_tokens
+from kvtide.gateway.status import BAD_REQUEST, TOO_LARGE, ApiError
+
+CHARS_PER_TOKEN = 4
+"""Bytes per token of English text under BPE vocabularies (tiktoken, Llama): the text-mode
+estimate of ``prompt_tokens``."""
+
+
+class PromptTokenizer(Protocol):
+    """What the gateway needs of ``kvtide.text.Tokenizer``."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    hashes: BlockHashes
+    prompt_tokens: int
+
+
+def _text_of_content(content: object, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):  # content parts: only text parts carry prefix identity
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping):
+                raise ApiError(BAD_REQUEST, f"{where}: content parts must be objects", where)
+            text = part.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+        return "".join(parts)
+    raise ApiError(BAD_REQUEST, f"{where}: content must be a string or a list", where)
+
+
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    """``messages`` checked and flattened to {role, content} strings."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(BAD_REQUEST, "'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ApiError(BAD_REQUEST, f"messages[{i}] needs a string 'role'", "messages")
+        out.append({"role": m["role"], "content": _text_of_content(m.get("content"), "messages")})
+    return out
+
+
+def completion_prompt(body: Mapping[str, Any]) -> str | list[int]:
+    """``prompt``: one string or one list of token ids (n=1, no batches)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return str(prompt[0])
+    raise ApiError(BAD_REQUEST, "'prompt' must be a string or a list of token ids", "prompt")
+
+
+class PromptHasher:
+    """Prompt -> ``Prompt`` in one namespace seed per call (the tenant's and model's)."""
+
+    def __init__(
+        self,
+        block_tokens: int,
+        chunk_chars: int,
+        max_prompt_chars: int,
+        max_prompt_tokens: int,
+        tokenizer: PromptTokenizer | None = None,
+        prefix_cache_entries: int = 4096,
+    ) -> None:
+        self.block_tokens = block_tokens
+        self.chunk_chars = chunk_chars
+        self.max_prompt_chars = max_prompt_chars
+        self.max_prompt_tokens = max_prompt_tokens
+        self.tokenizer = tokenizer
+        self.prefix_cache = PrefixTokenCache(prefix_cache_entries)
+
+    @property
+    def is_exact(self) -> bool:
+        return self.tokenizer is not None
+
+    def chat(self, body: Mapping[str, Any], seed: int) -> Prompt:
+        messages = chat_messages(body)
+        size = sum(len(m["content"]) for m in messages)
+        self._check_chars(size, "messages")
+        tok = self.tokenizer
+        if tok is None:
+            text = "".join(f"\x00{m['role']}\x00{m['content']}" for m in messages)
+            return self._text(text, seed)
+        return self._tokens(self.prefix_cache.tokenize(tok, messages), seed, "messages")
+
+    def completion(self, body: Mapping[str, Any], seed: int) -> Prompt:
+        prompt = completion_prompt(body)
+        if isinstance(prompt, list):
+            return self._tokens(prompt, seed, "prompt")
+        self._check_chars(len(prompt), "prompt")
+        tok = self.tokenizer
+        if tok is None:
+            return self._text(prompt, seed)
+        return self._tokens(tok.encode(prompt), seed, "prompt")
+
+    def _check_chars(self, size: int, param: str) -> None:
+        if size > self.max_prompt_chars:
+            raise ApiError(
+                TOO_LARGE, f"prompt of {size} characters (limit {self.max_prompt_chars})", param
+            )
+
+    def _text(self, text: str, seed: int) -> Prompt:
+        raw = np.frombuffer(text.encode(), dtype=np.uint8)
+        tokens = max(len(raw) // CHARS_PER_TOKEN, 1)
+        return Prompt(hash_tokens(raw, self.chunk_chars, seed), tokens)
+
+    def _tokens(self, ids: Sequence[int], seed: int, param: str) -> Prompt:
+        if len(ids) > self.max_prompt_tokens:
+            raise ApiError(
+                TOO_LARGE, f"prompt of {len(ids)} tokens (limit {self.max_prompt_tokens})", param
+            )
+        arr = np.asarray(ids, dtype=np.int64)
+        return Prompt(hash_tokens(arr, self.block_tokens, seed), len(ids))
+
+
+class PrefixTokenCache:
+    """Token ids of conversation prefixes already rendered, so turn N of a conversation
+    tokenizes only what turn N-1 did not have.
+
+    Chat templates close every message with a special token (``<|im_end|>``, ``<|eot_id|>``),
+    and tokenizers never merge across special tokens, so the ids of the rendered messages
+    1..k are a prefix of the ids of 1..N whenever their text is a prefix of its text. The
+    cache keys each prefix by its messages; a hit is used only when that text condition holds
+    (checked), else the whole prompt is tokenized. LRU over ``max_entries`` prefixes.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, list[int]]] = (
+            OrderedDict()
+        )
+        self.hits = 0
+        self.misses = 0
+
+    def tokenize(self, tok: PromptTokenizer, messages: list[dict[str, str]]) -> list[int]:
+        conv = tok.apply_chat_template(messages, add_generation_prompt=False)
+        key = tuple((m["role"], m["content"]) for m in messages)
+        ids = self._conversation_ids(tok, key, conv)
+        full = tok.apply_chat_template(messages, add_generation_prompt=True)
+        if not full.startswith(conv):  # a template that rewrites history at the end
+            return tok.encode(full, add_special_tokens=False)
+        return ids + tok.encode(full[len(conv) :], add_special_tokens=False)
+
+    def _conversation_ids(
+        self, tok: PromptTokenizer, key: tuple[tuple[str, str], ...], conv: str
+    ) -> list[int]:
+        found = self._entries.get(key)
+        if found is not None and found[0] == conv:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return found[1]
+        ids: list[int] | None = None
+        for k in range(len(key) - 1, 0, -1):
+            prior = self._entries.get(key[:k])
+            if prior is None:
+                continue
+            text, prefix_ids = prior
+            if conv.startswith(text):
+                self._entries.move_to_end(key[:k])
+                self.hits += 1
+                ids = prefix_ids + tok.encode(conv[len(text) :], add_special_tokens=False)
+            break
+        if ids is None:
+            self.misses += 1
+            ids = tok.encode(conv, add_special_tokens=False)
+        self._entries[key] = (conv, ids)
+        if len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return ids
