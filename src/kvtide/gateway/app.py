@@ -50,7 +50,7 @@ from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, Routi
 from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
 from kvtide.routing.shadow import ShadowFleet
-from kvtide.routing.specs import build_policy
+from kvtide.routing.specs import build_policy, parse_router
 from kvtide.types import ReplicaId
 
 log = logging.getLogger("kvtide.gateway")
@@ -104,7 +104,7 @@ class Gateway:
         self.ctx = RoutingContext(
             block_tokens=config.block_tokens, clock=self.clock, index=self.index
         )
-        self.router = Router(build_policy(config.policy, self.ctx), [])
+        self.router = Router(build_policy(self._policy_spec(), self.ctx), [])
         for r in self.replicas:
             self.router.add_replica(r.state)
         secret = config.tenant_secret.encode() if config.tenant_secret else secrets.token_bytes(32)
@@ -121,6 +121,16 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.checker: HealthChecker | None = None
         self.task_group: asyncio.TaskGroup | None = None
+
+    def _policy_spec(self) -> str:
+        """Text mode's index is the shadow of the gateway's own decisions, updated at each
+        dispatch: the provisional entries ``cost`` and ``precise`` keep until the engines'
+        events land would duplicate it, at a cost per request, so they are off unless asked."""
+        spec = self.config.policy
+        name, options = parse_router(spec)
+        if self.shadow is not None and name in ("cost", "precise") and "provisional" not in options:
+            spec += ":provisional=false"
+        return spec
 
     # --- identity ------------------------------------------------------------------------
 

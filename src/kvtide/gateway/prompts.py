@@ -9,12 +9,15 @@ decisions, as sglang-router's character tree is.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from xxhash import xxh3_64_intdigest
 
 from kvtide.core.hashing import BlockHashes, hash_tokens
 from kvtide.gateway.status import BAD_REQUEST, TOO_LARGE, ApiError
@@ -82,6 +85,10 @@ def completion_prompt(body: Mapping[str, Any]) -> str | list[int]:
     raise ApiError(BAD_REQUEST, "'prompt' must be a string or a list of token ids", "prompt")
 
 
+if sys.byteorder != "little":  # BlockHashes packs little-endian uint64
+    raise ImportError("kvtide.gateway.prompts assumes a little-endian machine")
+
+
 class PromptHasher:
     """Prompt -> ``Prompt`` in one namespace seed per call (the tenant's and model's)."""
 
@@ -132,9 +139,18 @@ class PromptHasher:
             )
 
     def _text(self, text: str, seed: int) -> Prompt:
-        raw = np.frombuffer(text.encode(), dtype=np.uint8)
+        """Each full chunk's hash is xxh3 of its bytes seeded by its parent's hash: chained
+        like the engines' blocks, about 0.3 us a chunk (numpy's per-call overhead would cost
+        more than the hashing at these sizes)."""
+        raw = text.encode()
+        step = self.chunk_chars
+        out = array("Q")
+        h = seed
+        for i in range(0, len(raw) - step + 1, step):
+            h = xxh3_64_intdigest(raw[i : i + step], h)
+            out.append(h)
         tokens = max(len(raw) // CHARS_PER_TOKEN, 1)
-        return Prompt(hash_tokens(raw, self.chunk_chars, seed), tokens)
+        return Prompt(BlockHashes(out.tobytes()), tokens)
 
     def _tokens(self, ids: Sequence[int], seed: int, param: str) -> Prompt:
         if len(ids) > self.max_prompt_tokens:
