@@ -61,6 +61,7 @@ class System:
 
 def _kvtide_systems() -> tuple[type[System], type[System], type[System]]:
     import kvtide
+    from kvtide.clock import ManualClock
     from kvtide.core.cache import CacheConfig, KVCache
     from kvtide.core.hashing import Namespace, hash_tokens
 
@@ -83,7 +84,8 @@ def _kvtide_systems() -> tuple[type[System], type[System], type[System]]:
                     block_tokens=BLOCK_TOKENS,
                     policy="lru",
                     **self.options,
-                )
+                ),
+                ManualClock(),
             )
 
         def prepare(self, tokens: np.ndarray) -> Any:

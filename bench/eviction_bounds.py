@@ -30,13 +30,16 @@ from pathlib import Path
 import numpy as np
 
 from kvtide.cli.replay import Prepared, parse_capacities, prepare, replay_one
+from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.oracle import Oracle
 
 
 def lru_with_perfect_admission(data: Prepared, oracle: Oracle, capacity_tokens: int) -> float:
     bt = data.block_tokens
-    cache = KVCache(CacheConfig(capacity_tokens // bt, block_tokens=bt, policy="lru"))
+    cache = KVCache(
+        CacheConfig(capacity_tokens // bt, block_tokens=bt, policy="lru"), ManualClock()
+    )
     never = oracle.num_requests
     hit_blocks = 0
     for i in range(data.num_requests):

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from kvtide.clock import WallClock
 from kvtide.core.hashing import Namespace
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
 from kvtide.costs.calibration import PrefillSample, calibrate, fit_transfer
@@ -114,13 +115,13 @@ def measure(args: argparse.Namespace) -> Measured:
     tiers_blocks = sum(n // bt + 1 for n in lengths) + num_suffixes * len(lengths) * 3
     namespace = Namespace(model=gguf.name)
     device_only = TieredCacheConfig(TierSpec(max(lengths) // bt + 4), block_tokens=bt)
-    cold_runner = PagedRunner(model, TieredCache(device_only), namespace)
+    cold_runner = PagedRunner(model, TieredCache(device_only, WallClock()), namespace)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="kvtide-real-reuse-") as tmp:
         # Every lower-tier hit is reloaded (no cost model): the point is to time reloads.
         tiers = TieredCacheConfig(
             TierSpec(tiers_blocks), TierSpec(tiers_blocks), TierSpec(tiers_blocks), block_tokens=bt
         )
-        runner = PagedRunner(model, TieredCache(tiers), namespace, disk_dir=tmp)
+        runner = PagedRunner(model, TieredCache(tiers, WallClock()), namespace, disk_dir=tmp)
         print(
             f"block {bt} tokens, {cold_runner.kv.block_bytes / 1e6:.2f} MB/block (fp32), "
             f"device pool {tiers_blocks} blocks, host store {tiers_blocks} blocks, disk {tmp}"

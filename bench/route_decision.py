@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtide.clock import ManualClock
 from kvtide.core.hashing import BlockHashes
 from kvtide.routing import (
     GlobalPrefixIndex,
@@ -203,7 +204,9 @@ def run(n: int, args: argparse.Namespace) -> dict[str, object]:
     naive_bytes = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
 
-    ctx = RoutingContext(block_tokens=BLOCK_TOKENS, index=index, rng=random.Random(args.seed))
+    ctx = RoutingContext(
+        clock=ManualClock(), block_tokens=BLOCK_TOKENS, index=index, rng=random.Random(args.seed)
+    )
     out: dict[str, object] = {
         "replicas": n,
         "index_entries": entries,

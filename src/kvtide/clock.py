@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from kvtide.errors import ConfigError
+
 
 class Clock(Protocol):
     def now(self) -> float:
@@ -39,3 +41,17 @@ class ManualClock:
         if now < self._now:
             raise ValueError("a clock cannot go backwards")
         self._now = now
+
+
+def require_clock(clock: object, owner: str) -> Clock:
+    """``clock`` if it can tell the time; otherwise a ``ConfigError`` naming ``owner``.
+
+    Nothing defaults to a ``ManualClock``: a wall-clock caller that forgot its clock would see
+    frozen time (pins never expire, TTLs never pass) without any error.
+    """
+    if not callable(getattr(clock, "now", None)):
+        raise ConfigError(
+            f"{owner} needs a clock with now(): kvtide.WallClock() for real time, "
+            f"kvtide.ManualClock() for simulated time; got {clock!r}"
+        )
+    return clock  # type: ignore[return-value]

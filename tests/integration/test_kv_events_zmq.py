@@ -66,7 +66,9 @@ def _drain(
 def test_a_kvtide_cache_published_over_zmq_is_indexed_exactly(publisher: KvEventPublisher) -> None:
     index = GlobalPrefixIndex()
     sub, ingest = _connect(publisher, NativeEventSink(index))
-    cache = KVCache(CacheConfig(capacity_blocks=30, record_events=True, ghost_blocks=0))
+    cache = KVCache(
+        CacheConfig(capacity_blocks=30, record_events=True, ghost_blocks=0), ManualClock()
+    )
     rng = np.random.default_rng(0)
     prompts = [hash_tokens(rng.integers(0, 1000, 16 * k), 16, SEED) for k in (5, 9, 12, 20)]
     for i in range(12):
@@ -82,7 +84,9 @@ def test_a_kvtide_cache_published_over_zmq_is_indexed_exactly(publisher: KvEvent
 def test_a_lost_batch_is_replayed(publisher: KvEventPublisher) -> None:
     index = GlobalPrefixIndex()
     sub, ingest = _connect(publisher, NativeEventSink(index))
-    cache = KVCache(CacheConfig(capacity_blocks=100, record_events=True, ghost_blocks=0))
+    cache = KVCache(
+        CacheConfig(capacity_blocks=100, record_events=True, ghost_blocks=0), ManualClock()
+    )
     p = hash_tokens(np.arange(16 * 6), 16, SEED)
     cache.access(p[:2], 0)
     publisher.publish_events(cache.take_events(), 1.0, drop=True)  # never reaches the socket

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvtide.clock import ManualClock
 from kvtide.core.events import AllBlocksCleared, BlockStored
 from kvtide.core.hashing import hash_block_ids
 from kvtide.routing.index import GlobalPrefixIndex
@@ -50,7 +51,7 @@ def test_redis_answers_like_the_in_process_index(store: RedisIndexStore) -> None
     local = GlobalPrefixIndex()
     caches = {
         ReplicaId(f"r{i}"): KVCache(
-            CacheConfig(capacity_blocks=150, record_events=True, ghost_blocks=0)
+            CacheConfig(capacity_blocks=150, record_events=True, ghost_blocks=0), ManualClock()
         )
         for i in range(3)
     }
@@ -96,7 +97,7 @@ def test_tiers_clear_and_key_layout(store: RedisIndexStore) -> None:
 def test_precise_policy_routes_through_the_redis_store(store: RedisIndexStore) -> None:
     p = hash_block_ids(list(range(8)), 5)
     store.apply(ReplicaId("r1"), BlockStored(tuple(p.tolist()), None, None, 16))
-    policy = make_policy("precise", RoutingContext(index=store))
+    policy = make_policy("precise", RoutingContext(clock=ManualClock(), index=store))
     reps = [ReplicaState(f"r{i}") for i in range(3)]
     assert policy.choose(RouteRequest(p, 128, 16), reps).replica == "r1"
 

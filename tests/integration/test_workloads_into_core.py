@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import request_block_hashes
 from kvtide.workloads import Workload, open_workload, stats
@@ -18,7 +19,9 @@ SEED = 0x5EED
 def _unbounded_hit_ratio(workload: Workload) -> float:
     requests = list(workload)
     capacity = sum(r.prompt_tokens // r.block_tokens for r in requests) + 1
-    cache = KVCache(CacheConfig(capacity_blocks=capacity, block_tokens=workload.block_tokens))
+    cache = KVCache(
+        CacheConfig(capacity_blocks=capacity, block_tokens=workload.block_tokens), ManualClock()
+    )
     for request in requests:
         hashes = request_block_hashes(request, workload.block_tokens, SEED)
         cache.access(hashes, request.prompt_tokens)

@@ -83,8 +83,8 @@ def test_invariants_hold(
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=30))
 def test_no_hit_across_namespaces(prompts: list[list[int]]) -> None:
-    shared = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1))
-    alone = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1))
+    shared = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1), ManualClock())
+    alone = KVCache(CacheConfig(capacity_blocks=512, block_tokens=1), ManualClock())
     for tokens in prompts:
         shared.access(hash_tokens(tokens, 1, SALTS["a"]), len(tokens), tenant="a")
     for tokens in prompts:

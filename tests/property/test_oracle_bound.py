@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.eviction import POLICIES
 from kvtide.core.hashing import hash_tokens
@@ -21,7 +22,9 @@ def test_oracle_hits_at_least_as_much_as_every_policy(
     policy: str, reqs: list[list[int]], capacity: int
 ) -> None:
     hashes = [hash_tokens(tokens, 1, seed=7) for tokens in reqs]
-    cache = KVCache(CacheConfig(capacity_blocks=capacity, block_tokens=1, policy=policy))
+    cache = KVCache(
+        CacheConfig(capacity_blocks=capacity, block_tokens=1, policy=policy), ManualClock()
+    )
     for h in hashes:
         cache.access(h, len(h))
     best = Oracle(hashes).run(capacity)

@@ -9,6 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import BlockHashes, hash_block_ids
 from kvtide.routing.chash import HashRing
@@ -41,7 +42,7 @@ def test_no_replica_takes_a_request_above_the_bounded_load_cap(
     s the request's cold prefill; its cold prefixes keep chash's bound on requests."""
     index = GlobalPrefixIndex()
     rng = random.Random(0)
-    ctx = RoutingContext(index=index)
+    ctx = RoutingContext(clock=ManualClock(), index=index)
     policy = make_policy(name, ctx, {"epsilon": epsilon})
     model = ctx.ttft_model
     rate = model.prefill_tokens_per_s()
@@ -114,7 +115,9 @@ def test_precise_with_a_perfect_event_stream_predicts_exactly(
     ops: list[tuple[int, list[int]]], capacity: int, clear_at: int
 ) -> None:
     caches = [
-        KVCache(CacheConfig(capacity_blocks=capacity, record_events=True, ghost_blocks=0))
+        KVCache(
+            CacheConfig(capacity_blocks=capacity, record_events=True, ghost_blocks=0), ManualClock()
+        )
         for _ in range(4)
     ]
     ids = [ReplicaId(f"r{i}") for i in range(4)]

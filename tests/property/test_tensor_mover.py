@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from kvtide.clock import ManualClock  # noqa: E402
 from kvtide.core.hashing import BlockHashes, hash_block_ids  # noqa: E402
 from kvtide.core.radix_tree import RadixTree  # noqa: E402
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec, WriteMode  # noqa: E402
@@ -89,7 +90,8 @@ def test_bytes_follow_the_tiers(
             TierSpec(disk) if disk else None,
             block_tokens=BT,
             write_mode=write_mode,
-        )
+        ),
+        ManualClock(),
     )
     directory = tmp_path / f"kv-{len(list(tmp_path.iterdir()))}"  # hypothesis reuses tmp_path
     kv = PagedKV(CONFIG, tiers.device.pool.num_blocks, BT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.types import BlockHash
 
@@ -52,7 +53,9 @@ requests = st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=12), min_si
 @settings(max_examples=300, deadline=None)
 @given(requests, st.integers(1, 20))
 def test_lru_tree_matches_reference(reqs: list[list[int]], capacity: int) -> None:
-    cache = KVCache(CacheConfig(capacity_blocks=capacity, block_tokens=1, policy="lru"))
+    cache = KVCache(
+        CacheConfig(capacity_blocks=capacity, block_tokens=1, policy="lru"), ManualClock()
+    )
     ref = ReferenceLRU(capacity)
     for path in reqs:
         hashes = chained(path)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from kvtide import __version__
 from kvtide.errors import KvtideError
+from kvtide.quantities import argparse_message
 
 # Subcommand modules, imported lazily so that `kvtide cost` does not pay for the simulator.
 # A module that does not exist yet is simply not offered.
@@ -36,8 +37,11 @@ def _available() -> dict[str, str]:
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse's errors as one line naming the command and the flag, exit 2:
+    ``kvtide simulate: error: --gpu-cache-tokens: not a token count, got 'x'``."""
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"kvtide: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {argparse_message(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

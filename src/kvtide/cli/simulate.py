@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvtide.clock import ManualClock
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.engine.scheduler import EngineConfig
@@ -267,9 +268,9 @@ def run(args: argparse.Namespace) -> int:
 def validate_names(routers: Sequence[str], eviction: str) -> None:
     """Fails fast, in this process, on a router or eviction policy that does not exist."""
     for name in routers:
-        ctx = RoutingContext(index=GlobalPrefixIndex(16) if needs_index(name) else None)
-        build_policy(name, ctx)
-    KVCache(CacheConfig(1, policy=eviction))
+        index = GlobalPrefixIndex(16) if needs_index(name) else None
+        build_policy(name, RoutingContext(clock=ManualClock(), index=index))
+    KVCache(CacheConfig(1, policy=eviction), ManualClock())
 
 
 def simulation_json(

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvtide.clock import Clock, ManualClock
+from kvtide.clock import Clock, require_clock
 from kvtide.core.block_pool import BlockPool
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.eviction import PolicyContext, make_policy
@@ -209,9 +209,12 @@ class _Pin:
 
 
 class KVCache:
-    def __init__(self, config: CacheConfig, clock: Clock | None = None) -> None:
+    """One cache of blocks. ``clock`` is required: ``WallClock()`` in a server,
+    ``ManualClock()`` in a simulation or a test (it dates pins, TTLs and recency)."""
+
+    def __init__(self, config: CacheConfig, clock: Clock) -> None:
         self.config = config
-        self.clock: Clock = clock or ManualClock()
+        self.clock: Clock = require_clock(clock, "KVCache")
         self.pool = BlockPool(config.capacity_blocks)
         ctx = PolicyContext(config.capacity_blocks, config.block_tokens, self.clock)
         make_policy(config.policy, ctx, config.policy_options)  # fail fast on a bad name

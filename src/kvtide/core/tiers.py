@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvtide.clock import Clock, ManualClock
+from kvtide.clock import Clock, require_clock
 from kvtide.core.admission import AdmissionFilter, make_admission
 from kvtide.core.cache import CacheConfig, CacheStats, KVCache
 from kvtide.core.events import KVEvent
@@ -348,16 +348,17 @@ class TieredCache:
     whole prompt on the device (reloaded and computed blocks alike); evictions cascade down
     through the admission filter. ``prefetch`` copies a prefix up ahead of its request.
     Transfers of reloaded bytes go onto ``links[tier]``, whose load feeds the next decisions.
+    ``clock`` is required, as for ``KVCache``: every tier and link runs on it.
     """
 
     def __init__(
         self,
         config: TieredCacheConfig,
-        clock: Clock | None = None,
+        clock: Clock,
         cost: OnboardCost | None = None,
     ) -> None:
         self.config = config
-        self.clock: Clock = clock or ManualClock()
+        self.clock: Clock = require_clock(clock, "TieredCache")
         self.cost: OnboardCost = cost or FreeReload()
         self.block_tokens = config.block_tokens
         self.caches: dict[Tier, KVCache] = {}

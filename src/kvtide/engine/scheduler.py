@@ -81,6 +81,7 @@ class Sequence:
 
     __slots__ = (
         "arrival_s",
+        "cached_tokens",
         "disk_hit_tokens",
         "fetched_tokens",
         "first_token_s",
@@ -88,6 +89,7 @@ class Sequence:
         "hashes",
         "hit_tokens",
         "host_hit_tokens",
+        "is_aborted",
         "is_prefilled",
         "kv_capacity_tokens",
         "num_computed",
@@ -121,6 +123,8 @@ class Sequence:
         self.kv_capacity_tokens = 0  # tokens the blocks it holds can store
         self.output_limit = max(1, request.output_tokens)
         self.hit_tokens = -1  # -1 until first admitted
+        self.cached_tokens = 0  # what vLLM reports as usage's cached_tokens (see _count_hits)
+        self.is_aborted = False
         self.fetched_tokens = 0
         self.host_hit_tokens = 0
         self.disk_hit_tokens = 0
@@ -175,6 +179,7 @@ class EngineStats:
     decode_tokens: int = 0
     num_preemptions: int = 0
     num_finished: int = 0
+    num_aborted: int = 0
     hit_tokens: int = 0
     fetched_tokens: int = 0
     prompt_tokens: int = 0
@@ -258,8 +263,9 @@ class Scheduler:
 
     # --- planning -------------------------------------------------------------------------
 
-    def schedule(self) -> Batch | None:
-        """Plans the next iteration from now; ``None`` when there is nothing to run."""
+    def schedule(self, start_s: float | None = None) -> Batch | None:
+        """Plans the next iteration from ``start_s`` (default: now); ``None`` when there is
+        nothing to run."""
         if not self.running and not self.waiting:
             return None
         budget = self.config.max_batched_tokens
@@ -280,7 +286,7 @@ class Scheduler:
             budget = self._admit(budget, prefill, decode)
         if not prefill and not decode:
             return None  # nothing fits even alone: the caller must wait for a completion
-        now = self.clock.now()
+        now = self.clock.now() if start_s is None else start_s
         if prefill:
             timer = self.timer
             chunks = [(n, s.num_computed) for s, n in prefill]
@@ -398,7 +404,7 @@ class Scheduler:
             seq.onboard_s = fetch.seconds
         self._start_prefill(seq, target, cached)
         if seq.hit_tokens < 0:
-            self._count_hits(seq, cached, fetched=fetched)
+            self._count_hits(seq, cached, usable=cached, fetched=fetched)
         return True
 
     def _start_prefill(self, seq: Sequence, target: int, usable_tokens: int) -> None:
@@ -407,9 +413,22 @@ class Scheduler:
         seq.num_target = target
 
     def _count_hits(
-        self, seq: Sequence, hit: int, *, fetched: int = 0, host: int = 0, disk: int = 0
+        self,
+        seq: Sequence,
+        hit: int,
+        *,
+        usable: int,
+        fetched: int = 0,
+        host: int = 0,
+        disk: int = 0,
     ) -> None:
+        """``hit``: prompt tokens found cached in any tier (recomputed ones included);
+        ``usable``: those whose KV the request really takes (device, reloaded, fetched)."""
         seq.hit_tokens = hit
+        # vLLM caps a prefix hit at prompt - 1 tokens in whole blocks (the last token is always
+        # computed) and reports what it takes, local and loaded blocks alike, as cached_tokens.
+        prompt = seq.request.prompt_tokens
+        seq.cached_tokens = min(usable, (prompt - 1) // self.block_tokens * self.block_tokens)
         seq.fetched_tokens = fetched
         seq.host_hit_tokens = host
         seq.disk_hit_tokens = disk
@@ -464,6 +483,7 @@ class Scheduler:
             self._count_hits(
                 seq,
                 max(access.hit_blocks * bt, usable),
+                usable=usable,
                 fetched=fetched,
                 host=access.host_blocks * bt,
                 disk=access.disk_blocks * bt,
@@ -565,6 +585,8 @@ class Scheduler:
         stats.num_iterations += run_steps
         finished: list[Sequence] = []
         for seq, chunk in batch.prefill:
+            if seq.is_aborted:
+                continue
             seq.num_computed += chunk
             seq.prefill_tokens += chunk
             stats.prefill_tokens += chunk
@@ -574,12 +596,16 @@ class Scheduler:
                     seq.first_token_s = end_s
                 if self.config.prefill_only or seq.num_generated >= seq.output_tokens:
                     finished.append(seq)
+        decoding = 0
         for seq in batch.decode:
+            if seq.is_aborted:
+                continue
+            decoding += 1
             seq.num_generated += run_steps
             seq.num_tokens += run_steps
             if seq.num_generated >= seq.output_limit:
                 finished.append(seq)
-        stats.decode_tokens += run_steps * len(batch.decode)
+        stats.decode_tokens += run_steps * decoding
         records = [self._finish(seq, end_s) for seq in finished]
         stats.num_finished += len(records)
         return records
@@ -604,7 +630,28 @@ class Scheduler:
             num_preemptions=seq.num_preemptions,
         )
 
-    # --- failure --------------------------------------------------------------------------
+    # --- abort and failure ----------------------------------------------------------------
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Drops request ``request_id`` wherever it is (a client went away): its private
+        blocks return to the pool and its lock on the cached prefix is released (those blocks
+        stay cached and become evictable). An iteration already planned with it skips it on
+        ``complete``. Returns the sequence, or ``None`` if no such request is in the engine."""
+        for seq in self.waiting:
+            if seq.request.request_id == request_id:
+                self.waiting.remove(seq)
+                break
+        else:
+            for seq in self.running:
+                if seq.request.request_id == request_id:
+                    self.running.remove(seq)
+                    break
+            else:
+                return None
+        self._release(seq)
+        seq.is_aborted = True
+        self.stats.num_aborted += 1
+        return seq
 
     def drain(self) -> list[Sequence]:
         """Drops every request (a crash): releases their KV and returns them, oldest first."""

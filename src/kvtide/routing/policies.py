@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvtide.clock import Clock, ManualClock
+from kvtide.clock import Clock, require_clock
 from kvtide.errors import ConfigError, NoHealthyReplica
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.decision import RouteDecision
@@ -45,14 +45,21 @@ class RoutingPolicy(Protocol):
 class RoutingContext:
     """What a policy may use besides the replicas: the engines' block size, a clock and a
     seeded rng (nothing else reads time or randomness), the event-fed index, a TTFT model
-    and the index's health. One context may be shared by several policies."""
+    and the index's health. One context may be shared by several policies. ``clock`` is
+    required (keyword-only): ``WallClock()`` in a gateway, ``ManualClock()`` in a simulation;
+    TTLs, provisional holds and event lag are measured on it."""
 
+    clock: Clock = field(kw_only=True)
     block_tokens: int = 16
-    clock: Clock = field(default_factory=ManualClock)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     index: IndexStore | None = None
     ttft_model: TtftModel = field(default_factory=default_ttft_model)
     health: IndexHealth = field(default_factory=IndexHealth)
+
+    def __post_init__(self) -> None:
+        require_clock(self.clock, "RoutingContext")
+        if self.block_tokens <= 0:
+            raise ConfigError(f"block_tokens must be positive, got {self.block_tokens}")
 
     def require_index(self, policy: str) -> IndexStore:
         if self.index is None:

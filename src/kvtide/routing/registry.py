@@ -42,7 +42,8 @@ def register_policy(name: str, factory: PolicyFactory) -> None:
 
 
 def make_policy(
-    name: str, ctx: RoutingContext | None = None, options: Mapping[str, object] | None = None
+    name: str, ctx: RoutingContext, options: Mapping[str, object] | None = None
 ) -> RoutingPolicy:
-    """Builds a policy by name; bad names and options raise ``ConfigError``."""
-    return build_named("routing policy", POLICIES, name, ctx or RoutingContext(), options=options)
+    """Builds a policy by name on ``ctx`` (its clock, block size, index); bad names and
+    options raise ``ConfigError``."""
+    return build_named("routing policy", POLICIES, name, ctx, options=options)

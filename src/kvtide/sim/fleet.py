@@ -1,8 +1,8 @@
 """N engine replicas behind a routing policy, on one event loop.
 
 The fleet routes each arriving request through ``routing.Router`` with the real policy object,
-runs each replica's ``Scheduler`` iteration by iteration (a decode-only run is one event, cut
-short when a new request arrives), sends the replicas' KV events to the router's index through
+runs each replica's ``Scheduler`` through its ``EngineDriver`` (a decode-only run is one event,
+cut short when a new request arrives), sends the replicas' KV events to the router's index through
 the routing package's delayed, lossy channel and sequenced ingest, takes replicas (and the
 index's coordinator) down and up at given times, and samples counters for the time series.
 Options: a host tier per replica (``core.tiers``), a global KV pool over the peers' caches,
@@ -21,8 +21,9 @@ from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec
+from kvtide.engine.driver import EngineDriver
 from kvtide.engine.prefix_source import NO_FETCH, Fetch
-from kvtide.engine.scheduler import Batch, EngineConfig, RequestRecord, Scheduler
+from kvtide.engine.scheduler import EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError, NoHealthyReplica
 from kvtide.routing import (
@@ -109,24 +110,26 @@ class _Flight:
 
 
 class Replica:
-    """One engine and its cache, plus the iteration in flight."""
+    """One engine, its cache and its drive loop, plus the wake-up scheduled for it."""
 
     __slots__ = (
-        "batch",
         "cache",
         "caches",
+        "driver",
         "engine",
         "generation",
         "index",
         "is_healthy",
         "state",
-        "steps",
         "up_since_s",
+        "wake_s",
     )
 
     def __init__(self, index: int, engine: Scheduler, cache: KVCache) -> None:
         self.index = index
         self.engine = engine
+        # Only first tokens and finishes: a decode run stays one event.
+        self.driver = EngineDriver(engine, stream_tokens=False)
         self.cache = cache  # the device tier
         tiers = engine.tiers
         self.caches = list(tiers.caches.values()) if tiers is not None else [cache]
@@ -137,9 +140,8 @@ class Replica:
         )
         self.is_healthy = True
         self.up_since_s = 0.0  # events published before this are from a previous life
-        self.batch: Batch | None = None
-        self.steps = 0  # steps of ``batch`` that will have run when its completion fires
-        self.generation = 0  # bumps invalidate a scheduled completion
+        self.wake_s: float | None = None  # when the scheduled wake-up fires
+        self.generation = 0  # bumps invalidate a scheduled wake-up
 
 
 class PeerCaches:
@@ -304,55 +306,47 @@ class Fleet:
         self._flights[request.request_id] = _Flight(route, decision)
         if self.decoders:
             self._requests_by_id[request.request_id] = request
-        replica.engine.add(
-            request, hashes, arrival_s=request.arrival_s if arrival_s is None else arrival_s
+        replica.driver.add(
+            request,
+            hashes,
+            self.clock.now(),
+            arrival_s=request.arrival_s if arrival_s is None else arrival_s,
         )
-        self._kick(replica)
-
-    def _kick(self, replica: Replica) -> None:
-        """Starts an iteration on an idle replica, or cuts a decode run short so that the
-        replica sees new work at its next iteration boundary."""
-        batch = replica.batch
-        if batch is not None:
-            if batch.num_steps > 1 and replica.steps > 1:
-                steps = batch.steps_by(self.clock.now())
-                if steps < replica.steps:
-                    replica.steps = steps
-                    replica.generation += 1
-                    self.loop.at(batch.end_s(steps), self._complete, (replica, replica.generation))
-            return
-        batch = replica.engine.schedule()
         self._publish(replica)
-        if batch is None:
-            return
-        replica.batch = batch
-        replica.steps = batch.num_steps
-        replica.generation += 1
-        self.loop.at(batch.end_s(), self._complete, (replica, replica.generation))
+        self._arm(replica)
 
-    def _complete(self, arg: tuple[Replica, int]) -> None:
+    def _arm(self, replica: Replica) -> None:
+        """Schedules the replica's next wake-up where its driver wants it (a new arrival may
+        have moved it earlier: the stale one is ignored)."""
+        due = replica.driver.next_wake_s
+        if due != replica.wake_s:
+            replica.wake_s = due
+            replica.generation += 1
+            if due is not None:
+                self.loop.at(due, self._wake, (replica, replica.generation))
+
+    def _wake(self, arg: tuple[Replica, int]) -> None:
         replica, generation = arg
-        if generation != replica.generation or replica.batch is None:
+        if generation != replica.generation:
             return
-        batch = replica.batch
-        replica.batch = None
-        records = replica.engine.complete(batch, replica.steps)
+        replica.wake_s = None
+        decoded = replica.engine.stats.decode_tokens
+        outputs = replica.driver.on_wake(self.clock.now())
         if replica.index < self.config.num_replicas:
-            self._report_progress(replica, batch, replica.steps)
-        for record in records:
-            self._finished(replica, record)
+            # What a gateway sees: first tokens (with the engine's reported cached tokens)
+            # and streamed decode tokens.
+            for out in outputs:
+                if out.is_first_token:
+                    flight = self._flights[out.request_id]
+                    self.router.prefill_done(flight.route, flight.decision, out.hit_tokens)
+            decoded = replica.engine.stats.decode_tokens - decoded
+            if decoded:
+                replica.state.decode_progress(decoded)
+        for out in outputs:
+            if out.record is not None:
+                self._finished(replica, out.record)
         self._publish(replica)
-        self._kick(replica)
-
-    def _report_progress(self, replica: Replica, batch: Batch, steps: int) -> None:
-        """What a gateway sees of an iteration: first tokens (with the engine's reported
-        cached tokens) and streamed decode tokens."""
-        for seq, _ in batch.prefill:
-            if seq.num_computed >= seq.num_target and seq.num_generated == 1:
-                flight = self._flights[seq.request.request_id]
-                self.router.prefill_done(flight.route, flight.decision, seq.hit_tokens)
-        if batch.decode:
-            replica.state.decode_progress(len(batch.decode) * steps)
+        self._arm(replica)
 
     def _finished(self, replica: Replica, record: RequestRecord) -> None:
         if replica.index >= self.config.num_replicas:  # a decode replica
@@ -376,13 +370,15 @@ class Fleet:
             self.decoders, key=lambda d: (d.engine.num_running + d.engine.num_waiting, d.index)
         )
         request = self._requests_by_id.pop(record.request_id)
-        decoder.engine.add(
+        decoder.driver.add(
             request,
             self.hasher(request),
+            self.clock.now(),
             arrival_s=record.arrival_s,
             first_token_s=record.first_token_s,
         )
-        self._kick(decoder)
+        self._publish(decoder)
+        self._arm(decoder)
 
     def _finish_decode(self, record: RequestRecord) -> None:
         prefill = self._prefill_records.pop(record.request_id)
@@ -448,9 +444,9 @@ class Fleet:
         if not replica.is_healthy:
             return
         replica.is_healthy = False
-        replica.batch = None
+        replica.wake_s = None
         replica.generation += 1
-        seqs = replica.engine.drain()
+        dropped = replica.driver.drain()
         for cache in replica.caches:
             cache.clear()
         replica.engine.take_events()  # a dead replica publishes nothing: its failed health
@@ -458,13 +454,13 @@ class Fleet:
         if self.ingest is not None:
             self.ingest.forget(state.replica_id)
         state.healthy = False
-        for seq in seqs:
-            flight = self._flights.pop(seq.request.request_id)
+        for request, _ in dropped:
+            flight = self._flights.pop(request.request_id)
             self.router.cancel(flight.route, flight.decision)
         state.num_requests = state.queued_prefill_tokens = 0
         state.decode_sequences = state.decode_tokens = 0
-        for seq in seqs:
-            self.submit(seq.request, seq.arrival_s)
+        for request, arrival_s in dropped:
+            self.submit(request, arrival_s)
 
     def _recover(self, replica: Replica) -> None:
         replica.is_healthy = True

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
+from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.node import Node
 from kvtide.costs.specs import model_preset
@@ -331,7 +332,7 @@ def make_cache(policy: str, capacity: int, **options: object) -> KVCache:
     config = CacheConfig(
         capacity_blocks=capacity, block_tokens=1, policy=policy, policy_options=options
     )
-    return KVCache(config)
+    return KVCache(config, ManualClock())
 
 
 def same_step(cache: KVCache, ref: BlockCache, path: list[int]) -> None:

@@ -18,7 +18,7 @@ def H(*xs: int) -> BlockHashes:
 
 def make(capacity: int, clock: ManualClock | None = None, **kw: object) -> KVCache:
     cfg = CacheConfig(capacity_blocks=capacity, block_tokens=1, record_events=True, **kw)  # type: ignore[arg-type]
-    return KVCache(cfg, clock)
+    return KVCache(cfg, clock or ManualClock())
 
 
 def removed(cache: KVCache) -> list[tuple[BlockHash, ...]]:
@@ -90,7 +90,9 @@ def test_block_ids_follow_the_path_and_come_from_the_pool() -> None:
 
 
 def test_events_name_parent_and_tier() -> None:
-    cache = KVCache(CacheConfig(4, block_tokens=16, record_events=True, namespace="ns"))
+    cache = KVCache(
+        CacheConfig(4, block_tokens=16, record_events=True, namespace="ns"), ManualClock()
+    )
     cache.access(H(1, 2), 32)
     cache.access(H(1, 2, 3), 48)
     first, second = cache.take_events()
@@ -123,7 +125,7 @@ def test_a_miss_on_another_tenants_block_is_blamed_on_the_namespace() -> None:
 
 
 def test_hit_ratio_counts_tokens_and_blocks() -> None:
-    cache = KVCache(CacheConfig(8, block_tokens=4))
+    cache = KVCache(CacheConfig(8, block_tokens=4), ManualClock())
     cache.access(H(1, 2), 10)
     cache.access(H(1, 2, 3), 12)
     s = cache.stats()
@@ -195,7 +197,7 @@ def test_an_idle_tenant_lends_its_share() -> None:
 )
 def test_bad_configs_are_config_errors(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
-        KVCache(CacheConfig(**kwargs))  # type: ignore[arg-type]
+        KVCache(CacheConfig(**kwargs), ManualClock())  # type: ignore[arg-type]
 
 
 def test_bad_pin_ttl_is_a_config_error() -> None:

@@ -44,7 +44,7 @@ def test_deeper_blocks_are_worth_more() -> None:
 
 def test_a_shallow_leaf_goes_before_a_deep_one_used_as_often() -> None:
     # 512-token blocks make the depth matter: [1] at depth 0 is worth 1, [2, 3]'s tail 1.07.
-    cache = KVCache(CacheConfig(capacity_blocks=3, block_tokens=512, policy="cost"))
+    cache = KVCache(CacheConfig(capacity_blocks=3, block_tokens=512, policy="cost"), ManualClock())
     for path in ([2, 3], [1]):
         hashes = chained(path)
         cache.access(hashes, len(hashes) * 512)
@@ -76,7 +76,7 @@ def test_cost_tree_equals_block_level_gdsf(
     # chooses among leaf blocks only, as the tree must. It takes the policy's block values
     # (checked against the FLOPs above) so that near-ties round alike.
     config = CacheConfig(capacity_blocks=capacity, block_tokens=block_tokens, policy="cost")
-    cache = KVCache(config)
+    cache = KVCache(config, ManualClock())
     values = CostAware(PolicyContext(capacity, block_tokens, ManualClock()))
     ref = BlockCache(capacity, RefGreedyDual(values.block_value))
     for path in reqs:

@@ -179,11 +179,11 @@ def test_without_a_lower_tier_evicted_blocks_are_dropped() -> None:
     cache.access(B, prompt(B))
     assert cache.stats().tiers[Tier.DEVICE].dropped_blocks == 2
     with pytest.raises(ConfigError):
-        TieredCache(TieredCacheConfig(TierSpec(0)))
+        TieredCache(TieredCacheConfig(TierSpec(0)), ManualClock())
     with pytest.raises(ValueError, match="at least 32 prompt tokens"):
         make(2).access(A, 31)
     with pytest.raises(ConfigError, match="no admission filter"):
-        TieredCache(TieredCacheConfig(TierSpec(2, admission="seen-twice")))
+        TieredCache(TieredCacheConfig(TierSpec(2, admission="seen-twice")), ManualClock())
 
 
 def test_blocks_the_host_refuses_go_around_it_to_disk() -> None:

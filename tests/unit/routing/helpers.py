@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import BlockHashes, hash_block_ids
 from kvtide.types import ReplicaId
@@ -24,7 +25,8 @@ def random_prompt(rng: random.Random, alphabet: int = 3, max_blocks: int = 40) -
 def make_caches(n: int, capacity_blocks: int) -> dict[ReplicaId, KVCache]:
     return {
         ReplicaId(f"r{i}"): KVCache(
-            CacheConfig(capacity_blocks=capacity_blocks, record_events=True, ghost_blocks=0)
+            CacheConfig(capacity_blocks=capacity_blocks, record_events=True, ghost_blocks=0),
+            ManualClock(),
         )
         for i in range(n)
     }

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from kvtide.clock import ManualClock
 from kvtide.core.hashing import BlockHashes
 from kvtide.errors import ConfigError, NoHealthyReplica
 from kvtide.routing.chash import HashRing, bounded_choice, prefix_key, rendezvous_top
@@ -83,7 +84,9 @@ def test_rendezvous_top_is_stable_when_others_leave() -> None:
 
 
 def test_chash_policy_sends_a_prefix_to_one_replica_until_it_fills() -> None:
-    policy = make_policy("chash", RoutingContext(), {"epsilon": 0.5, "key_blocks": 2})
+    policy = make_policy(
+        "chash", RoutingContext(clock=ManualClock()), {"epsilon": 0.5, "key_blocks": 2}
+    )
     reps = [ReplicaState(r) for r in IDS[:4]]
     req = RouteRequest(prompt([1, 2, 3]), 48, 16)
     first = policy.choose(req, reps)
@@ -95,12 +98,12 @@ def test_chash_policy_sends_a_prefix_to_one_replica_until_it_fills() -> None:
 
 
 def test_chash_needs_a_healthy_replica_and_sane_options() -> None:
-    policy = make_policy("chash")
+    policy = make_policy("chash", RoutingContext(clock=ManualClock()))
     with pytest.raises(NoHealthyReplica):
         policy.choose(RouteRequest(prompt([1]), 16, 16), [ReplicaState("a", healthy=False)])
     with pytest.raises(ConfigError):
-        make_policy("chash", options={"epsilon": 0})
+        make_policy("chash", RoutingContext(clock=ManualClock()), options={"epsilon": 0})
     with pytest.raises(ConfigError):
-        make_policy("chash", options={"nope": 1})
+        make_policy("chash", RoutingContext(clock=ManualClock()), options={"nope": 1})
     with pytest.raises(ConfigError):
-        make_policy("nope")
+        make_policy("nope", RoutingContext(clock=ManualClock()))

@@ -48,7 +48,7 @@ def test_router_books_dispatch_prefill_and_completion() -> None:
     p = prompt(list(range(4)))
     idx.add(A, p)
     reps = [ReplicaState(A), ReplicaState(B)]
-    router = Router(make_policy("precise", RoutingContext(index=idx)), reps)
+    router = Router(make_policy("precise", RoutingContext(clock=ManualClock(), index=idx)), reps)
     req = RouteRequest(p, 70, 16)
     d = router.route(req)
     assert d.replica == A and d.cached_tokens == 64

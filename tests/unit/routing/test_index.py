@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from kvtide.clock import ManualClock
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvtide.routing.index import GlobalPrefixIndex
 from kvtide.types import BlockHash, ReplicaId, Tier
@@ -99,7 +100,8 @@ def test_tiered_cache_events_give_each_tiers_prefix() -> None:
     tc = TieredCache(
         TieredCacheConfig(
             device=TierSpec(30), host=TierSpec(60), disk=TierSpec(120), record_events=True
-        )
+        ),
+        ManualClock(),
     )
     idx = GlobalPrefixIndex()
     prompts = [random_prompt(rng, alphabet=4, max_blocks=30) for _ in range(40)]

@@ -26,6 +26,7 @@ def _fleet() -> list[ReplicaState]:
 
 
 def _ctx(index: GlobalPrefixIndex | None = None, **kw: object) -> RoutingContext:
+    kw.setdefault("clock", ManualClock())
     return RoutingContext(index=index or GlobalPrefixIndex(), **kw)  # type: ignore[arg-type]
 
 
@@ -46,14 +47,14 @@ def test_every_registered_policy_routes_somewhere_healthy() -> None:
 def test_index_policies_say_they_need_an_index() -> None:
     for name in NEEDS_INDEX:
         with pytest.raises(ConfigError, match="needs an index"):
-            make_policy(name, RoutingContext())
+            make_policy(name, RoutingContext(clock=ManualClock()))
 
 
 def test_round_robin_and_least_load() -> None:
-    rr = make_policy("round_robin")
+    rr = make_policy("round_robin", RoutingContext(clock=ManualClock()))
     reps = _fleet()
     assert [rr.choose(_req([1]), reps).replica for _ in range(5)] == [*R, R[0]]
-    ll = make_policy("least_load")
+    ll = make_policy("least_load", RoutingContext(clock=ManualClock()))
     reps[0].queued_prefill_tokens = 100
     reps[1].decode_tokens = 50
     reps[2].queued_prefill_tokens = 10
@@ -118,7 +119,9 @@ def test_approx_learns_from_its_own_decisions_and_forgets_after_the_ttl() -> Non
 
 
 def test_approx_shadow_caches_evict_lru_at_capacity() -> None:
-    policy = make_policy("approx", RoutingContext(), {"capacity_blocks": 4, "ttl_s": None})
+    policy = make_policy(
+        "approx", RoutingContext(clock=ManualClock()), {"capacity_blocks": 4, "ttl_s": None}
+    )
     reps = _fleet()[:1]
     for ids in ([1, 2, 3], [7, 8]):
         policy.on_dispatch(_req(ids), policy.choose(_req(ids), reps))
@@ -200,7 +203,7 @@ def test_cost_keeps_a_session_where_its_history_is_while_spreading_its_system_pr
 
 
 def test_peer_sglang_balances_when_loads_diverge() -> None:
-    policy = make_policy("peer_sglang", RoutingContext(), {"balance_abs": 2})
+    policy = make_policy("peer_sglang", RoutingContext(clock=ManualClock()), {"balance_abs": 2})
     reps = _fleet()
     d = policy.choose(_req([1, 2, 3]), reps)
     policy.on_dispatch(_req([1, 2, 3]), d)

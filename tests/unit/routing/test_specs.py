@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtide.clock import ManualClock
 from kvtide.errors import ConfigError
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.routing.cost import CostAware
@@ -22,7 +23,7 @@ def test_parse_router_rejects_an_option_without_value() -> None:
 
 
 def test_build_policy_passes_options_to_the_registry_object() -> None:
-    ctx = RoutingContext(index=GlobalPrefixIndex())
+    ctx = RoutingContext(index=GlobalPrefixIndex(), clock=ManualClock())
     policy = build_policy("cost:epsilon=0.5", ctx)
     assert isinstance(policy, CostAware)
     assert policy.epsilon == 0.5
@@ -30,7 +31,7 @@ def test_build_policy_passes_options_to_the_registry_object() -> None:
 
 def test_unknown_router_lists_the_valid_names() -> None:
     with pytest.raises(ConfigError, match=r"valid: .*round_robin"):
-        build_policy("nope", RoutingContext())
+        build_policy("nope", RoutingContext(clock=ManualClock()))
 
 
 def test_needs_index_follows_the_registry() -> None:

@@ -34,7 +34,7 @@ class FlatCost:
 
 class RecordingRouter(RoundRobin):
     def __init__(self) -> None:
-        super().__init__(RoutingContext(block_tokens=BLOCK))
+        super().__init__(RoutingContext(clock=ManualClock(), block_tokens=BLOCK))
         self.chosen: list[ReplicaId] = []
         self.completed: list[tuple[str, ReplicaId]] = []
 

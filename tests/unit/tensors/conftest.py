@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvtide.clock import ManualClock  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
 from kvtide.core.tiers import (  # noqa: E402
     OnboardCost,
@@ -67,6 +68,7 @@ def make_runner(tiny_model: LlamaModel, tmp_path: Path) -> RunnerFactory:
                 block_tokens=BLOCK_TOKENS,
                 write_mode=WriteMode(write_mode),
             ),
+            ManualClock(),
             cost=onboard,
         )
         return PagedRunner(

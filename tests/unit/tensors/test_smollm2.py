@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from kvtide.clock import ManualClock  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec  # noqa: E402
 from kvtide.tensors.gguf_loader import GgufModel, build_tokenizer  # noqa: E402
@@ -59,7 +60,9 @@ def test_greedy_answer_is_the_same_with_and_without_the_cache(smollm2: GgufModel
     expected, expected_logits = greedy_without_cache(model, france)
     assert "Paris" in tok.decode(expected)
 
-    tiers = TieredCache(TieredCacheConfig(device=TierSpec(32), host=TierSpec(32), block_tokens=16))
+    tiers = TieredCache(
+        TieredCacheConfig(device=TierSpec(32), host=TierSpec(32), block_tokens=16), ManualClock()
+    )
     runner = PagedRunner(model, tiers, Namespace(model=smollm2.name))
     cache = runner.cache
     cold = runner.generate(france, NEW_TOKENS)

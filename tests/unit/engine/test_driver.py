@@ -1,0 +1,143 @@
+"""The drive loop on round numbers: 1 ms per prefill token, 10 ms per decode step, 4-token
+blocks. Wake-ups come on time, early and late, as a wall-clock task's would."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtide.clock import ManualClock
+from kvtide.engine.driver import EngineDriver, StepOutput
+
+from .conftest import make_engine, request
+
+
+def run_until_idle(driver: EngineDriver, late_s: float = 0.0) -> list[StepOutput]:
+    """Calls ``on_wake`` at every ``next_wake_s`` (plus ``late_s``) until nothing is left."""
+    outputs: list[StepOutput] = []
+    while (due := driver.next_wake_s) is not None:
+        outputs.extend(driver.on_wake(due + late_s))
+    return outputs
+
+
+def test_every_token_of_a_fused_decode_run_comes_out_at_its_own_time(
+    engine_clock: ManualClock,
+) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    req, hashes = request("a", list(range(1, 11)), output=4)
+    driver.add(req, hashes, 0.0)
+    assert driver.next_wake_s == pytest.approx(0.010)  # the 10-token prefill
+    outputs = run_until_idle(driver)
+    assert [o.num_generated for o in outputs] == [1, 2, 3, 4]
+    assert [o.time_s for o in outputs] == pytest.approx([0.010, 0.020, 0.030, 0.040])
+    assert [o.is_first_token for o in outputs] == [True, False, False, False]
+    assert [o.finish_reason for o in outputs] == [None, None, None, "length"]
+    record = outputs[-1].record
+    assert record is not None and record.finish_s == pytest.approx(0.040)
+    assert driver.next_wake_s is None and not driver.has_work
+
+
+def test_late_wake_ups_keep_the_model_timeline(engine_clock: ManualClock) -> None:
+    on_time = EngineDriver(make_engine(ManualClock()))
+    late = EngineDriver(make_engine(ManualClock()))
+    for driver in (on_time, late):
+        req, hashes = request("a", list(range(1, 11)), output=5)
+        driver.add(req, hashes, 0.0)
+    expected = run_until_idle(on_time)
+    got = run_until_idle(late, late_s=0.004)  # a timer that fires 4 ms late every time
+    assert [(o.num_generated, o.time_s) for o in got] == [
+        (o.num_generated, o.time_s) for o in expected
+    ]
+
+
+def test_one_very_late_wake_up_reports_everything_due(engine_clock: ManualClock) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    req, hashes = request("a", list(range(1, 11)), output=3)
+    driver.add(req, hashes, 0.0)
+    outputs = driver.on_wake(1.0)
+    assert [o.time_s for o in outputs] == pytest.approx([0.010, 0.020, 0.030])
+    assert outputs[-1].finish_reason == "length"
+
+
+def test_an_early_wake_up_reports_nothing_new(engine_clock: ManualClock) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    req, hashes = request("a", list(range(1, 11)), output=3)
+    driver.add(req, hashes, 0.0)
+    assert driver.on_wake(0.005) == []
+    assert driver.next_wake_s == pytest.approx(0.010)
+    (first,) = driver.on_wake(0.010)
+    assert first.is_first_token
+    assert driver.on_wake(0.015) == []  # mid-step: the second token is not out yet
+
+
+def test_an_arrival_during_a_decode_run_joins_at_the_next_step(
+    engine_clock: ManualClock,
+) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    a, ha = request("a", list(range(1, 5)), output=10)
+    driver.add(a, ha, 0.0)
+    driver.on_wake(0.004)  # a's first token; a decode run of 9 steps is planned
+    b, hb = request("b", list(range(101, 105)), output=1)
+    driver.add(b, hb, 0.021)  # during a's second decode step (0.014 .. 0.024)
+    outputs = run_until_idle(driver)
+    (b_first,) = [o for o in outputs if o.request_id == "b"]
+    # b's 4-token prefill runs with a's next decode token from 0.024: 4 + 1 ms of compute.
+    assert b_first.time_s == pytest.approx(0.024 + 0.005)
+    assert b_first.finish_reason == "length"
+
+
+def test_an_arrival_at_an_idle_engine_starts_it_at_its_arrival(
+    engine_clock: ManualClock,
+) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    req, hashes = request("a", list(range(1, 11)), output=1)
+    driver.add(req, hashes, 2.0)
+    (out,) = run_until_idle(driver)
+    assert out.time_s == pytest.approx(2.010)
+
+
+def test_a_late_wake_up_never_starts_a_request_before_it_arrived(
+    engine_clock: ManualClock,
+) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    a, ha = request("a", list(range(1, 11)), output=1)
+    driver.add(a, ha, 0.0)  # a ends at 0.010
+    b, hb = request("b", list(range(101, 105)), output=1)
+    driver.add(b, hb, 0.013)  # before anyone called on_wake for a's end
+    outputs = run_until_idle(driver)
+    times = {o.request_id: o.time_s for o in outputs}
+    assert times == pytest.approx({"a": 0.010, "b": 0.013 + 0.004})
+
+
+def test_cached_tokens_are_reported_on_the_first_token_as_vllm_does(
+    engine_clock: ManualClock,
+) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    a, ha = request("a", list(range(1, 13)), output=1)
+    driver.add(a, ha, 0.0)
+    (cold,) = run_until_idle(driver)
+    assert (cold.cached_tokens, cold.hit_tokens) == (0, 0)
+    # The same 12 tokens again: all 3 blocks are cached, but vLLM caps a hit at prompt - 1
+    # tokens in whole blocks, so it reports 8; the engine's own hit count says 12.
+    b, hb = request("b", list(range(1, 13)), output=1)
+    driver.add(b, hb, 1.0)
+    (full,) = run_until_idle(driver)
+    assert (full.cached_tokens, full.hit_tokens) == (8, 12)
+    c, hc = request("c", [*range(1, 9), 90, 91], output=1)
+    driver.add(c, hc, 2.0)
+    (partial,) = run_until_idle(driver)
+    assert (partial.cached_tokens, partial.hit_tokens) == (8, 8)
+
+
+def test_without_streaming_only_first_tokens_and_finishes_come_out(
+    engine_clock: ManualClock,
+) -> None:
+    driver = EngineDriver(make_engine(engine_clock), stream_tokens=False)
+    req, hashes = request("a", list(range(1, 11)), output=6)
+    driver.add(req, hashes, 0.0)
+    wakes = []
+    outputs = []
+    while (due := driver.next_wake_s) is not None:
+        wakes.append(due)
+        outputs.extend(driver.on_wake(due))
+    assert wakes == pytest.approx([0.010, 0.060])  # the prefill, then one fused run
+    assert [(o.num_generated, o.finish_reason) for o in outputs] == [(1, None), (6, "length")]
