@@ -37,12 +37,12 @@ from kvtide.costs.calibration import PrefillSample, calibrate, fit_transfer
 from kvtide.costs.cost_model import Coefficients, CostModel
 from kvtide.costs.specs import GpuSpec, ModelSpec
 from kvtide.errors import ConfigError
-from kvtide.tensors.gguf_loader import build_tokenizer, find_smollm2_gguf, load_gguf
+from kvtide.tensors.gguf_loader import load_gguf
 from kvtide.tensors.model import LlamaConfig, LlamaModel
 from kvtide.tensors.offload import DiskStore, HostStore
 from kvtide.tensors.paged_kv import PagedKV
 from kvtide.tensors.runner import PagedRunner, PrefillStats
-from kvtide.tensors.tokenizer import ChatMessage, default_system_prompt, render_chat
+from kvtide.text import Tokenizer, find_smollm2_gguf
 from kvtide.types import BlockHash, Tier
 
 SCENARIOS = ("cold", "device", "host", "disk")
@@ -77,13 +77,13 @@ def timed_prefill(runner: PagedRunner, ids: list[int]) -> PrefillStats:
     return prefill.stats
 
 
-def build_base(encode: Callable[[str], list[int]], system: str | None, need: int) -> list[int]:
+def build_base(tokenizer: Tokenizer, need: int) -> list[int]:
     body, i = "", 0
     ids: list[int] = []
     while len(ids) < need:
         body += "".join(PARAGRAPH.format(i=i + k) for k in range(20))
         i += 20
-        ids = encode(render_chat([ChatMessage("user", body)], system))
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": body}], tokenize=True)
     return ids
 
 
@@ -103,13 +103,11 @@ def measure(args: argparse.Namespace) -> Measured:
     start = time.perf_counter()
     gguf = load_gguf(path)
     model = LlamaModel(gguf.config, gguf.weights)
-    tokenizer = build_tokenizer(gguf.tokenizer)
     print(f"loaded {gguf.name} from {path.name} in {time.perf_counter() - start:.1f} s")
     lengths = sorted(args.lengths)
     bt, suffix = args.block_tokens, args.suffix_tokens
     num_suffixes = 3 * args.runs + 1
-    system = default_system_prompt(gguf.tokenizer.chat_template)
-    base = build_base(tokenizer.encode, system, max(lengths) + suffix * num_suffixes)
+    base = build_base(gguf.tokenizer, max(lengths) + suffix * num_suffixes)
     suffixes = [base[-(k + 1) * suffix : len(base) - k * suffix] for k in range(num_suffixes)]
     config = gguf.config
     tiers_blocks = sum(n // bt + 1 for n in lengths) + num_suffixes * len(lengths) * 3

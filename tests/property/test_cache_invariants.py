@@ -24,7 +24,7 @@ ops = st.lists(
 
 
 def check_tree(cache: KVCache) -> None:
-    total = 0
+    total = locked = 0
     stack: list[Node] = [cache.tree.root]
     while stack:
         node = stack.pop()
@@ -34,9 +34,13 @@ def check_tree(cache: KVCache) -> None:
             assert child.depth == node.end_depth
             assert len(child.blocks) == child.num_blocks
             assert child.lock_ref >= child.pin_ref >= 0
+            if child.lock_ref:
+                assert node.parent is None or node.lock_ref, "a lock holds every ancestor"
+                locked += child.num_blocks
             total += child.num_blocks
             stack.append(child)
     assert total == cache.num_cached_blocks == cache.pool.num_used
+    assert cache.num_evictable_blocks == total - locked
     assert cache.num_cached_blocks <= cache.capacity_blocks
     cache.pool.check()
 
@@ -78,6 +82,11 @@ def test_invariants_hold(
             if clock.now() < until:
                 assert cache.match(path, touch=False).num_blocks == len(path)
         assert cache.pinned_blocks <= config.effective_pin_budget_blocks
+    # The O(1) count is exactly what eviction can free.
+    evictable = cache.num_evictable_blocks
+    assert cache.evict(cap + 1) == evictable
+    assert cache.num_evictable_blocks == 0
+    check_tree(cache)
 
 
 @settings(max_examples=100, deadline=None)

@@ -25,6 +25,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "cost": "kvtide.cli.cost",
     "calibrate": "kvtide.cli.calibrate",
     "serve": "kvtide.cli.serve",
+    "engine": "kvtide.cli.engine",
 }
 
 

@@ -252,6 +252,13 @@ class KVCache:
     def num_cached_blocks(self) -> int:
         return self.tree.num_cached_blocks
 
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks no request or pin holds: what ``evict`` can free (O(1)). A request
+        fits if it needs at most ``pool.num_free + num_evictable_blocks`` blocks once its own
+        cached prefix is locked."""
+        return self.tree.num_evictable_blocks
+
     def match(self, hashes: Sequence[BlockHash], *, touch: bool = True) -> Match:
         node, n = self.tree.match(hashes, touch=touch)
         return Match(n, node, self.tree, self.tree.version)

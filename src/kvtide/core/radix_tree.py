@@ -71,6 +71,7 @@ class RadixTree:
         self.listener: TreeListener = listener or NullListener()
         self.tick = 0
         self.num_cached_blocks = 0
+        self.num_locked_blocks = 0  # blocks of nodes with lock_ref > 0 (the rest is evictable)
         self.num_evicted_total = 0
         self.version = 0  # bumped by anything that can invalidate a match result
         self._make_policy = make_policy
@@ -260,8 +261,10 @@ class RadixTree:
     def lock(self, node: Node) -> None:
         """Protects ``node`` and its ancestors from eviction until ``unlock(node)``."""
         while node.parent is not None:
-            if node.lock_ref == 0 and not node.children:
-                self.policy_for(node).on_unevictable(node)
+            if node.lock_ref == 0:
+                self.num_locked_blocks += len(node.key) >> 3
+                if not node.children:
+                    self.policy_for(node).on_unevictable(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -270,11 +273,19 @@ class RadixTree:
             if node.lock_ref <= 0:
                 raise ValueError("unlock without a matching lock")
             node.lock_ref -= 1
-            if node.lock_ref == 0 and not node.children:
-                self.policy_for(node).on_evictable(node)
+            if node.lock_ref == 0:
+                self.num_locked_blocks -= len(node.key) >> 3
+                if not node.children:
+                    self.policy_for(node).on_evictable(node)
             node = node.parent
 
     # --- eviction ------------------------------------------------------------------------
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Blocks ``evict`` can free now, O(1): every block of an unlocked node (an unlocked
+        node has no locked descendant, so its whole subtree can go, leaves first)."""
+        return self.num_cached_blocks - self.num_locked_blocks
 
     def evict(self, num_blocks: int, *, requester: str = "") -> int:
         """Frees up to ``num_blocks`` blocks from unlocked leaves; returns how many it freed.

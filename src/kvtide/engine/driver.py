@@ -101,9 +101,21 @@ class EngineDriver:
         seq = self.scheduler.abort(request_id)
         if seq is None:
             return False
+        batch = self._batch
+        if batch is not None and batch.num_steps > 1 and seq in batch.decode:
+            # The run's steps done by now produced its tokens (streamed, if streaming): they
+            # count, though the run is applied only at its end, which now skips it.
+            done = self._emitted if self.stream else self._steps_done(batch, now)
+            seq.generate(done)
+            self.scheduler.stats.decode_tokens += done
         self._outbox.append(StepOutput(request_id, seq.num_generated, now, finish_reason="abort"))
         self._notice(now)
         return True
+
+    def _steps_done(self, batch: Batch, now: float) -> int:
+        """Steps of the run in flight that ended by ``now``."""
+        steps = min(batch.steps_by(now), self._steps)
+        return steps if batch.end_s(steps) <= now else steps - 1
 
     def _notice(self, now: float) -> None:
         """Something changed at ``now``: start an idle engine, or end a fused decode run at

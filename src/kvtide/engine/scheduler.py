@@ -2,10 +2,13 @@
 
 Each iteration takes the running sequences first (a decode token each, or the next chunk of a
 prefill) and then admits waiting requests in arrival order while the token budget lasts, as
-vLLM v1's scheduler does. KV lives in the real ``KVCache``: a request's full prompt blocks are
-matched (prefix hits) and inserted into the radix tree at admission and stay locked until it
-finishes; the partial last prompt block and the generated tokens take private blocks from the
-same pool. When the pool runs dry the newest running request is preempted and later recomputed.
+vLLM v1's scheduler does. KV lives in the real ``KVCache``: at admission a request's cached
+prefix is matched and locked and every other block it needs up to its next token is reserved
+from the pool, after an O(1) check that they fit (a request that cannot fit evicts nothing).
+A full prompt block enters the cache when the chunk computing it is scheduled (other requests
+of that iteration may share it, as in vLLM) and is announced (``BlockStored``) only when that
+iteration completes. When the pool runs dry the newest running request is preempted and later
+recomputed; ``abort`` drops a request wherever it is.
 
 Driven by a Clock: ``schedule()`` plans an iteration (or a run of decode-only iterations that
 nothing can change), the caller lets its time pass, and ``complete()`` applies it. The
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtide.clock import Clock
 from kvtide.core.cache import KVCache, Match
@@ -24,7 +27,7 @@ from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.node import Node
 from kvtide.core.tiers import TieredCache
-from kvtide.engine.prefix_source import NoSource, PrefixSource
+from kvtide.engine.prefix_source import NO_FETCH, NoSource, PrefixSource
 from kvtide.engine.timing import DecodeRun, IterationTimer
 from kvtide.errors import CapacityError, ConfigError
 from kvtide.types import Request
@@ -158,6 +161,8 @@ class Batch:
     prefill: list[tuple[Sequence, int]]
     decode: list[Sequence]
     run: DecodeRun
+    events: list[KVEvent] = field(default_factory=list)
+    """The cache's KV events of planning this iteration, published when it completes."""
 
     @property
     def num_steps(self) -> int:
@@ -216,6 +221,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = EngineStats()
+        self._ready_events: list[KVEvent] = []
 
     # --- intake ---------------------------------------------------------------------------
 
@@ -256,7 +262,17 @@ class Scheduler:
         return len(self.running)
 
     def take_events(self) -> list[KVEvent]:
-        """The cache's KV events since the last call (every tier's, when tiered)."""
+        """The KV events of the iterations completed since the last call (every tier's, when
+        tiered), and of anything the cache did outside an iteration. An iteration's events
+        (the blocks its prefill chunks compute, the evictions that made room) are held until
+        ``complete``: a block is never announced before the iteration computing it is done,
+        as vLLM publishes a step's events after its output."""
+        events = self._ready_events
+        self._ready_events = []
+        events.extend(self._cache_events())
+        return events
+
+    def _cache_events(self) -> list[KVEvent]:
         if self.tiers is not None:
             return self.tiers.take_events()
         return self.cache.take_events()
@@ -278,6 +294,7 @@ class Scheduler:
                 chunk = left if left < budget else budget
                 if chunk > 0:
                     prefill.append((seq, chunk))
+                    self._cache_computed(seq, seq.num_computed + chunk)
                     budget -= chunk
             else:
                 decode.append(seq)
@@ -285,8 +302,12 @@ class Scheduler:
         if not preempted or not self.running:
             budget = self._admit(budget, prefill, decode)
         if not prefill and not decode:
-            return None  # nothing fits even alone: the caller must wait for a completion
+            # Nothing fits even alone: the caller must wait for a completion. Whatever the
+            # cache did meanwhile (evictions for a preemption) is no one's computation.
+            self._ready_events.extend(self._cache_events())
+            return None
         now = self.clock.now() if start_s is None else start_s
+        events = self._cache_events()
         if prefill:
             timer = self.timer
             chunks = [(n, s.num_computed) for s, n in prefill]
@@ -296,8 +317,10 @@ class Scheduler:
                 if seq.onboard_s:  # the fetch shares the NIC with any other in this step
                     step += seq.onboard_s
                     seq.onboard_s = 0.0
-            return Batch(now, prefill, decode, DecodeRun(1, step))
-        return Batch(now, prefill, decode, self._plan_run(decode))
+            return Batch(now, prefill, decode, DecodeRun(1, step), events)
+        run = self._plan_run(decode)
+        events.extend(self._cache_events())  # evictions for the blocks reserved ahead
+        return Batch(now, prefill, decode, run, events)
 
     def _plan_run(self, decode: list[Sequence]) -> DecodeRun:
         """Decode-only iterations: as many as nothing but time can change (until the first
@@ -331,6 +354,7 @@ class Scheduler:
                 continue
             chunk = min(seq.num_target - seq.num_computed, budget)
             prefill.append((seq, chunk))
+            self._cache_computed(seq, seq.num_computed + chunk)
             budget -= chunk
         return budget
 
@@ -341,76 +365,128 @@ class Scheduler:
 
     def _take_blocks(self, n: int) -> array[int] | None:
         """``n`` pool blocks, evicting unlocked cached blocks if needed; ``None`` if they
-        cannot all be had (nothing is taken then)."""
+        cannot all be had: then nothing is taken and nothing is evicted (the check is O(1))."""
         if n <= 0:
             return array("i")
-        pool = self.cache.pool
+        cache = self.cache
+        pool = cache.pool
         short = n - pool.num_free
         if short > 0:
-            self.cache.evict(short)
+            if short > cache.num_evictable_blocks:
+                return None
+            cache.evict(short)
         return pool.try_allocate(n)
 
     def _allocate_prompt(self, seq: Sequence) -> bool:
-        """Matches and locks the cached prefix, inserts the rest of the prompt's full blocks
-        and reserves private blocks up to the next token; ``False`` if they do not fit."""
+        """Finds and locks the cached prefix and reserves every other block up to the next
+        token; ``False`` (nothing taken, nothing evicted, lower tiers not consulted) if they
+        do not fit. The reserved blocks stay private to the request until the prefill chunk
+        that computes a full prompt block is scheduled: only then does that block enter the
+        cache (``_cache_computed``), as in vLLM."""
         cache = self.cache
         req = seq.request
+        bt = self.block_tokens
         target = req.prompt_tokens + seq.num_generated
         total_blocks = self._blocks_for(target)
         if seq.is_prefilled:
             # The prompt's KV arrived with the request: room for it and the next token.
-            blocks = self._take_blocks(self._blocks_for(target))
+            blocks = self._take_blocks(total_blocks)
             if blocks is None:
                 return False
             seq.private = blocks
-            seq.kv_capacity_tokens = len(blocks) * self.block_tokens
+            seq.kv_capacity_tokens = len(blocks) * bt
             seq.num_target = seq.num_computed = target - 1
             seq.hit_tokens = max(seq.hit_tokens, 0)
             return True
         hashes = seq.hashes
-        if self.tiers is not None:
-            return self._allocate_tiered(seq, self.tiers, target, total_blocks)
-        match = cache.match(hashes)
-        hit = match.num_blocks
+        tiers = self.tiers
+        # The room check needs the cached prefix locked (evictions must not take it). The
+        # tiered lookup touches every tier and plans reloads, so it waits for the check: a
+        # peek (no touch) locks what is surely cached meanwhile.
+        match = cache.match(hashes) if tiers is None else cache.match(hashes, touch=False)
         cache.lock(match.handle)
-        fetch = self.source.fetch(hashes, hit) if hit < len(hashes) else None
-        new_tree = len(hashes) - hit
-        pool = cache.pool
-        need = new_tree + total_blocks - len(hashes)
-        if pool.num_free < need:
-            cache.evict(need - pool.num_free)
-            if pool.num_free < need:
-                cache.unlock(match.handle)
-                return False
+        if total_blocks - match.num_blocks > cache.pool.num_free + cache.num_evictable_blocks:
+            cache.unlock(match.handle)
+            return False
+        hit_blocks = match.num_blocks
         handle = match.handle
-        if new_tree:
-            # Evictions only trimmed unlocked leaves and the matched path is locked, so the
-            # match still holds: insert from it without walking (and touching) the path again.
-            fresh = Match(hit, handle, cache.tree, cache.tree.version)
-            access = cache.insert(hashes, match=fresh, tenant=req.tenant, priority=req.priority)
-            assert access.cached_blocks == len(hashes), "room was reserved for the prompt"
-            cache.lock(access.handle)
+        fetch = NO_FETCH
+        host = disk = 0
+        if tiers is None:
+            usable = hit_blocks * bt
+            hit = usable
+        else:
+            access = tiers.access(
+                hashes,
+                req.prompt_tokens,
+                tenant=req.tenant,
+                priority=req.priority,
+                insert=False,
+                lock=True,
+            )
             cache.unlock(handle)
-            handle = access.handle
-        private = pool.try_allocate(total_blocks - len(hashes))
-        assert private is not None, "room was reserved for the private blocks"
+            handle, hit_blocks = access.handle, access.device_blocks
+            usable = access.usable_blocks * bt
+            hit = access.hit_blocks * bt
+            host, disk = access.host_blocks * bt, access.disk_blocks * bt
+            if host or disk:
+                # The plan's time covers the reloads and the prefill of the rest, overlapped
+                # layer by layer; the engine computes that prefill itself: only the excess is
+                # the reload's.
+                computed = max(target - usable, 1)
+                prefill_s = tiers.cost.prefill_time(computed, min(usable, target - 1))
+                seq.onboard_s = max(0.0, access.onboard_s - prefill_s)
+        if usable < len(hashes) * bt:
+            fetch = self.source.fetch(hashes, usable // bt)
+            if fetch.num_blocks:
+                usable += fetch.num_blocks * bt
+                seq.onboard_s += fetch.seconds
+        private = self._take_blocks(total_blocks - hit_blocks)
+        assert private is not None, "the room was checked with the prefix locked"
         seq.handle = handle
-        seq.tree_blocks = len(hashes)
+        seq.tree_blocks = hit_blocks
         seq.private = private
-        seq.kv_capacity_tokens = total_blocks * self.block_tokens
-        fetched = fetch.num_blocks * self.block_tokens if fetch is not None else 0
-        cached = hit * self.block_tokens + fetched
-        if fetch is not None and fetched:
-            seq.onboard_s = fetch.seconds
-        self._start_prefill(seq, target, cached)
+        seq.kv_capacity_tokens = total_blocks * bt
+        # At least the last token is always computed: it yields the next token's logits.
+        seq.num_computed = min(usable, target - 1)
+        seq.num_target = target
         if seq.hit_tokens < 0:
-            self._count_hits(seq, cached, usable=cached, fetched=fetched)
+            fetched = fetch.num_blocks * bt
+            self._count_hits(
+                seq, max(hit, usable), usable=usable, fetched=fetched, host=host, disk=disk
+            )
         return True
 
-    def _start_prefill(self, seq: Sequence, target: int, usable_tokens: int) -> None:
-        # At least the last token is always computed: it yields the next token's logits.
-        seq.num_computed = min(usable_tokens, target - 1)
-        seq.num_target = target
+    def _cache_computed(self, seq: Sequence, tokens: int) -> None:
+        """Puts the prompt's full blocks among its first ``tokens`` tokens into the cache (a
+        scheduled chunk computes them), moving their room from the request's private
+        reservation, and moves its lock down to the new end. Blocks that another request
+        cached meanwhile are shared, and the room reserved for them goes back to the pool.
+        Their ``BlockStored`` events leave with the iteration's (see ``complete``)."""
+        c = tokens // self.block_tokens
+        hashes = seq.hashes
+        if c > len(hashes):
+            c = len(hashes)
+        have = seq.tree_blocks
+        if c <= have:
+            return
+        cache = self.cache
+        handle = seq.handle
+        assert handle is not None and handle.end_depth == have
+        k = c - have
+        private = seq.private
+        cache.pool.free(private[-k:])
+        del private[-k:]
+        # The locked handle is still the end of the request's cached prefix: insert from it
+        # without walking (and touching) the path again.
+        start = Match(have, handle, cache.tree, cache.tree.version)
+        req = seq.request
+        access = cache.insert(hashes[:c], match=start, tenant=req.tenant, priority=req.priority)
+        assert access.cached_blocks == c, "the room was reserved at admission"
+        cache.lock(access.handle)
+        cache.unlock(handle)
+        seq.handle = access.handle
+        seq.tree_blocks = c
 
     def _count_hits(
         self,
@@ -436,59 +512,6 @@ class Scheduler:
         stats.hit_tokens += hit
         stats.fetched_tokens += fetched
         stats.prompt_tokens += seq.request.prompt_tokens
-
-    def _allocate_tiered(
-        self, seq: Sequence, tiers: TieredCache, target: int, total_blocks: int
-    ) -> bool:
-        """The tiered path: make room on the device first (a peek, locked, so the evictions
-        cannot take the request's own prefix), then let the tiered cache look the prompt up in
-        every tier, decide reloads, and store it; ``False`` if the room is not there."""
-        cache, hashes, bt = self.cache, seq.hashes, self.block_tokens
-        req = seq.request
-        peek = cache.match(hashes, touch=False)
-        need = len(hashes) - peek.num_blocks + total_blocks - len(hashes)
-        pool = cache.pool
-        if pool.num_free < need:
-            cache.lock(peek.handle)
-            cache.evict(need - pool.num_free)
-            cache.unlock(peek.handle)
-            if pool.num_free < need:
-                return False
-        access = tiers.access(
-            hashes, req.prompt_tokens, tenant=req.tenant, priority=req.priority, lock=True
-        )
-        assert access.cached_blocks == len(hashes), "room was reserved for the prompt"
-        private = pool.try_allocate(total_blocks - len(hashes))
-        assert private is not None, "room was reserved for the private blocks"
-        seq.handle = access.handle
-        seq.tree_blocks = len(hashes)
-        seq.private = private
-        seq.kv_capacity_tokens = total_blocks * bt
-        usable = access.usable_blocks * bt
-        if access.host_blocks or access.disk_blocks:
-            # The plan's time covers the reloads and the prefill of the rest, overlapped layer
-            # by layer; the engine computes that prefill itself: only the excess is the reload's.
-            computed = max(target - usable, 1)
-            prefill_s = tiers.cost.prefill_time(computed, min(usable, target - 1))
-            seq.onboard_s = max(0.0, access.onboard_s - prefill_s)
-        fetched = 0
-        if access.usable_blocks < len(hashes):
-            fetch = self.source.fetch(hashes, access.usable_blocks)
-            if fetch.num_blocks:
-                fetched = fetch.num_blocks * bt
-                usable += fetched
-                seq.onboard_s += fetch.seconds
-        self._start_prefill(seq, target, usable)
-        if seq.hit_tokens < 0:
-            self._count_hits(
-                seq,
-                max(access.hit_blocks * bt, usable),
-                usable=usable,
-                fetched=fetched,
-                host=access.host_blocks * bt,
-                disk=access.disk_blocks * bt,
-            )
-        return True
 
     def _grant(self, seq: Sequence, blocks: array[int]) -> None:
         seq.private.extend(blocks)
@@ -580,6 +603,9 @@ class Scheduler:
         requests that finished."""
         run_steps = batch.num_steps if steps is None else steps
         end_s = batch.end_s(run_steps)
+        if batch.events:
+            self._ready_events.extend(batch.events)
+            batch.events = []
         stats = self.stats
         stats.busy_s += batch.run.elapsed_s(run_steps)
         stats.num_iterations += run_steps

@@ -1,18 +1,16 @@
 """Real tensors on a real model: a llama decoder in PyTorch whose paged KV is managed by kvtide.
 
 The only kvtide package that imports torch (the optional 'torch' extra); nothing imports it back.
+Tokenization lives in ``kvtide.text`` and needs none of this.
 """
 
-from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf
+from kvtide.tensors.gguf_loader import GgufModel, load_gguf
 from kvtide.tensors.model import LlamaConfig, LlamaModel
 from kvtide.tensors.offload import CorruptBlockError, DiskStore, HostStore, TensorMover
 from kvtide.tensors.paged_kv import PagedKV, PagedPast
 from kvtide.tensors.runner import Generation, PagedRunner, Prefill, PrefillStats
-from kvtide.tensors.tokenizer import BpeTokenizer, ChatMessage, render_chat
 
 __all__ = [
-    "BpeTokenizer",
-    "ChatMessage",
     "CorruptBlockError",
     "DiskStore",
     "Generation",
@@ -26,7 +24,5 @@ __all__ = [
     "Prefill",
     "PrefillStats",
     "TensorMover",
-    "find_smollm2_gguf",
     "load_gguf",
-    "render_chat",
 ]

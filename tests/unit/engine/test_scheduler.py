@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvtide.clock import ManualClock
-from kvtide.core.events import BlockStored
+from kvtide.core.events import BlockRemoved, BlockStored
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
 from kvtide.engine.prefix_source import Fetch
@@ -135,14 +135,66 @@ def test_a_mixed_iteration_is_one_pass_over_all_its_tokens(engine_clock: ManualC
     assert mixed.end_s() - mixed.start_s == pytest.approx(0.021)
 
 
-def test_admission_publishes_the_prompt_blocks(engine_clock: ManualClock) -> None:
-    engine = make_engine(engine_clock)
-    req, hashes = request("a", list(range(1, 11)), output=1)
+def test_a_block_is_announced_only_once_the_iteration_computing_it_completes(
+    engine_clock: ManualClock,
+) -> None:
+    engine = make_engine(engine_clock, max_batched_tokens=4)
+    req, hashes = request("a", list(range(1, 11)), output=1)  # blocks 0-3, 4-7; 8, 9 partial
     engine.add(req, hashes)
-    engine.schedule()
-    events = engine.take_events()
-    assert [type(e) for e in events] == [BlockStored]
-    assert list(events[0].block_hashes) == hashes.tolist()
+    announced: list[list[int]] = []
+    for _ in range(3):  # chunks of 4, 4 and 2 tokens
+        batch = engine.schedule()
+        assert batch is not None
+        assert engine.take_events() == [], "nothing is announced while the chunk runs"
+        engine_clock.set(batch.end_s())
+        engine.complete(batch)
+        events = engine.take_events()
+        assert all(isinstance(e, BlockStored) for e in events)
+        announced.append([h for e in events for h in e.block_hashes])
+    assert announced == [[hashes[0]], [hashes[1]], []]
+    assert not engine.has_work
+
+
+def test_a_hit_announces_only_the_blocks_it_computes(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock)
+    a, ha = request("a", list(range(1, 9)), output=1)
+    engine.add(a, ha)
+    drive(engine, engine_clock)
+    engine.take_events()
+    b, hb = request("b", [*range(1, 9), 50, 51, 52, 53], output=1, arrival_s=engine_clock.now())
+    engine.add(b, hb)
+    drive(engine, engine_clock)
+    (stored,) = engine.take_events()
+    assert isinstance(stored, BlockStored)
+    assert list(stored.block_hashes) == [hb[2]] and stored.parent_block_hash == hb[1]
+
+
+def test_a_request_that_cannot_fit_evicts_nothing(engine_clock: ManualClock) -> None:
+    """51 blocks wanted, 12 free and 30 evictable: refused, and the 30-block cached prefix
+    of an earlier request stays cached (it used to be flushed first and refused after)."""
+    engine = make_engine(engine_clock, capacity_blocks=64, max_decode_steps=1)
+    p, hp = request("p", list(range(1000, 1120)), output=1)  # 30 full blocks
+    engine.add(p, hp)
+    drive(engine, engine_clock)
+    assert (engine.cache.num_cached_blocks, engine.cache.pool.num_free) == (30, 34)
+    r, hr = request("r", list(range(1, 86)), output=50, arrival_s=engine_clock.now())
+    engine.add(r, hr)  # 21 prompt blocks + 1 for the partial block and the next token
+    batch = engine.schedule()
+    assert batch is not None
+    engine_clock.set(batch.end_s())
+    engine.complete(batch)
+    assert engine.cache.pool.num_free == 12
+    engine.take_events()
+    x, hx = request("x", list(range(5000, 5201)), output=3, arrival_s=engine_clock.now())
+    engine.add(x, hx)  # 51 blocks
+    batch = engine.schedule()
+    assert batch is not None and [s.request.request_id for s in batch.decode] == ["r"]
+    assert engine.num_waiting == 1
+    assert engine.cache.match(hp, touch=False).num_blocks == 30
+    assert engine.cache.pool.num_free == 12
+    engine_clock.set(batch.end_s())
+    engine.complete(batch)
+    assert not [e for e in engine.take_events() if isinstance(e, BlockRemoved)]
 
 
 def test_a_request_larger_than_the_cache_is_refused(engine_clock: ManualClock) -> None:

@@ -21,9 +21,10 @@ from kvtide.core.tiers import (  # noqa: E402
     TierSpec,
     WriteMode,
 )
-from kvtide.tensors.gguf_loader import GgufModel, find_smollm2_gguf, load_gguf  # noqa: E402
+from kvtide.tensors.gguf_loader import GgufModel, load_gguf  # noqa: E402
 from kvtide.tensors.model import LlamaConfig, LlamaModel  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
+from kvtide.text import find_smollm2_gguf  # noqa: E402
 
 BLOCK_TOKENS = 4
 

@@ -14,10 +14,9 @@ torch = pytest.importorskip("torch")
 from kvtide.clock import ManualClock  # noqa: E402
 from kvtide.core.hashing import Namespace  # noqa: E402
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec  # noqa: E402
-from kvtide.tensors.gguf_loader import GgufModel, build_tokenizer  # noqa: E402
+from kvtide.tensors.gguf_loader import GgufModel  # noqa: E402
 from kvtide.tensors.model import ContiguousKV, LlamaModel  # noqa: E402
 from kvtide.tensors.runner import PagedRunner  # noqa: E402
-from kvtide.tensors.tokenizer import ChatMessage, default_system_prompt, render_chat  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -49,11 +48,10 @@ def greedy_without_cache(model: LlamaModel, ids: list[int]) -> tuple[list[int], 
 @pytest.mark.usefixtures("one_thread")
 def test_greedy_answer_is_the_same_with_and_without_the_cache(smollm2: GgufModel) -> None:
     model = LlamaModel(smollm2.config, smollm2.weights)
-    tok = build_tokenizer(smollm2.tokenizer)
-    system = default_system_prompt(smollm2.tokenizer.chat_template)
+    tok = smollm2.tokenizer
 
     def prompt(question: str) -> list[int]:
-        return tok.encode(render_chat([ChatMessage("user", question)], system))
+        return tok.apply_chat_template([{"role": "user", "content": question}], tokenize=True)
 
     france = prompt("What is the capital of France?")
     colours = prompt("Name the three primary colours.")

@@ -1,0 +1,85 @@
+"""Chat templates rendered as ``transformers`` renders them, so a prompt is byte-identical.
+
+The environment follows ``transformers.utils.chat_template_utils``: an immutable sandbox with
+``trim_blocks`` and ``lstrip_blocks``, the loop-controls extension, ``raise_exception``, a
+``tojson`` that does not escape HTML, ``strftime_now``; the special tokens (``bos_token``,
+``eos_token``, ...) and ``add_generation_prompt`` are template variables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kvtide.errors import ConfigError
+
+Message = Mapping[str, Any]
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: object,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"chat template line {exc.lineno}: {exc.message}") from exc
+
+
+class ChatTemplate:
+    """A compiled template plus the special tokens it sees as variables."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
+        self.source = source
+        self._template = _compile(source)
+        self._special_tokens = dict(special_tokens)
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        **variables: Any,
+    ) -> str:
+        """The prompt text; ConfigError when the template raises (``raise_exception``) or fails."""
+        chat = [dict(m) for m in messages]
+        try:
+            return self._template.render(
+                messages=chat,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **{**self._special_tokens, **variables},
+            )
+        except jinja2.TemplateError as exc:
+            raise ConfigError(f"chat template: {exc}") from exc

