@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from kvtide.clock import WallClock
 from kvtide.errors import ConfigError
 from kvtide.gateway import load_config, serve
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if not config.replicas:
         raise ConfigError("no replicas: give --replica URL or replicas: in --config")
     # a bad policy spec is a one-line error here, not a traceback from inside the server
-    ctx = RoutingContext(index=GlobalPrefixIndex() if needs_index(config.policy) else None)
+    index = GlobalPrefixIndex() if needs_index(config.policy) else None
+    ctx = RoutingContext(clock=WallClock(), index=index)
     build_policy(config.policy, ctx)
     serve(config)
     return 0

@@ -23,10 +23,10 @@ from kvtide.engine_server.engine_loop import salt_seed
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.engine_server.stream import RequestStream
 from kvtide.errors import CapacityError, ConfigError
-from kvtide.tensors.gguf_loader import find_smollm2_gguf, load_gguf
+from kvtide.tensors.gguf_loader import load_gguf
 from kvtide.tensors.model import LlamaModel
 from kvtide.tensors.runner import PagedRunner
-from kvtide.text import Tokenizer
+from kvtide.text import Tokenizer, find_smollm2_gguf
 
 if TYPE_CHECKING:
     from kvtide.engine_server.server import ServerConfig

@@ -51,6 +51,7 @@ from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
 from kvtide.routing.shadow import ShadowFleet
 from kvtide.routing.specs import build_policy, parse_router
+from kvtide.text import Tokenizer, smollm2
 from kvtide.types import ReplicaId
 
 log = logging.getLogger("kvtide.gateway")
@@ -61,14 +62,11 @@ SHADOW_TTL_S = 600.0
 
 
 def load_tokenizer(path: str) -> PromptTokenizer:
-    """``kvtide.text``'s tokenizer from a directory (tokenizer.json + tokenizer_config.json)
-    or a GGUF file."""
-    try:
-        from kvtide.text import Tokenizer  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:  # the text package lands separately
-        raise ConfigError("--tokenizer needs kvtide.text (not installed in this build)") from exc
-    tok: PromptTokenizer = Tokenizer.load(path)
-    return tok
+    """A tokenizer directory (tokenizer.json + tokenizer_config.json), a GGUF file, or
+    ``smollm2``: SmolLM2-135M-Instruct's, the emulated engine's default."""
+    if path == "smollm2":
+        return smollm2()
+    return Tokenizer.load(path)
 
 
 class Gateway:
