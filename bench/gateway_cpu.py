@@ -203,13 +203,23 @@ def main() -> None:
         procs += [gw, bare]
         wait_up(f"http://127.0.0.1:{gport}/health")
         wait_up(f"http://127.0.0.1:{xport}/health")
-        results: dict[str, list[tuple[float, float, float]]] = {"direct": [], "bare": [], "kvtide": []}
+        results: dict[str, list[tuple[float, float, float]]] = {
+            "direct": [],
+            "bare": [],
+            "kvtide": [],
+        }
         for run in range(args.runs):
             print(f"run {run + 1}")
             results["direct"].append(measure("direct", backend, None, args))
-            results["bare"].append(measure("bare proxy", f"http://127.0.0.1:{xport}", bare.pid, args))
-            results["kvtide"].append(measure("kvtide serve", f"http://127.0.0.1:{gport}", gw.pid, args))
-        med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in results.items()}
+            results["bare"].append(
+                measure("bare proxy", f"http://127.0.0.1:{xport}", bare.pid, args)
+            )
+            results["kvtide"].append(
+                measure("kvtide serve", f"http://127.0.0.1:{gport}", gw.pid, args)
+            )
+        med = {
+            k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in results.items()
+        }
         d, b, k = med["direct"], med["bare"], med["kvtide"]
         print("medians:")
         print(f"  added p50: bare {b[0] - d[0]:.3f} ms, kvtide {k[0] - d[0]:.3f} ms")

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests.integration.gateway.procs import Proc, backend, free_port, gateway
 
 KEYS = {name: f"sk-{name}-0123456789" for name in ("alpha", "beta", "gamma", "delta", "eps")}

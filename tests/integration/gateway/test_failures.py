@@ -13,7 +13,6 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from tests.integration.gateway.conftest import KEYS, write_keys
 from tests.integration.gateway.procs import backend, free_port, gateway
 

@@ -11,7 +11,6 @@ import urllib.request
 
 import openai
 import pytest
-
 from tests.integration.gateway.conftest import KEYS, SECRET
 
 pytestmark = pytest.mark.timeout(60)
