@@ -196,8 +196,18 @@ def main() -> None:
     try:
         wait_up(backend + "/health")
         gw = subprocess.Popen(
-            [sys.executable, "-m", "kvtide", "serve", "--port", str(gport), "--replica", backend]
-            + ["--policy", args.policy]
+            [
+                sys.executable,
+                "-m",
+                "kvtide",
+                "serve",
+                "--port",
+                str(gport),
+                "--replica",
+                backend,
+                "--policy",
+                args.policy,
+            ]
         )
         bare = subprocess.Popen([*me, "--serve-bare", str(xport), backend])
         procs += [gw, bare]
