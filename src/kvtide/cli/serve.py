@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--policy", help="router NAME[:key=value...] from the registry (default cost)")
     p.add_argument("--state", help="local (default) or redis://HOST:PORT/DB")
+    p.add_argument("--state-prefix", help="key prefix in the shared store (default kvtide)")
     p.add_argument("--tokenizer", help="tokenizer directory or GGUF: exact prefix identity")
     p.add_argument("--api-keys", help="YAML file of hashed API keys -> tenants")
     p.add_argument("--admin-key", help="bearer key of the admin API (off without it)")
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         "port": args.port,
         "policy": args.policy,
         "state": args.state,
+        "state_prefix": args.state_prefix,
         "tokenizer": args.tokenizer,
         "api_keys": args.api_keys,
         "admin_key": args.admin_key,

@@ -34,6 +34,7 @@ from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.prompts import Prompt, PromptHasher, PromptTokenizer
 from kvtide.gateway.proxy import Proxy
 from kvtide.gateway.replicas import Replica, ReplicaSet
+from kvtide.gateway.shared import SharedState
 from kvtide.gateway.status import (
     BAD_REQUEST,
     FORBIDDEN,
@@ -115,6 +116,11 @@ class Gateway:
         self.intake_tasks: dict[ReplicaId, asyncio.Task[None]] = {}
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvtide-intake")
         self.draining = False
+        self.shared: SharedState | None = None
+        if config.state != "local":
+            self.shared = SharedState(
+                config.state, config.state_prefix, on_resync=self._resync_intake
+            )
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
         self.checker: HealthChecker | None = None
@@ -192,6 +198,7 @@ class Gateway:
             seed_for_salt,
             self.index,
             self.executor,
+            after_commit=self.shared.write if self.shared is not None else None,
         )
         self.intakes[replica.replica_id] = intake
         task = self.task_group.create_task(self._run_intake(intake))
@@ -204,6 +211,20 @@ class Gateway:
             raise
         except Exception:  # a broken stream must not take the gateway down
             log.exception("KV event intake of %s stopped", intake.replica)
+
+    def _resync_intake(self, replica_id: ReplicaId) -> None:
+        intake = self.intakes.get(replica_id)
+        if intake is not None:
+            intake.restart()
+
+    async def _maintain_shared(self) -> None:
+        shared = self.shared
+        assert shared is not None
+        await shared.maintain({r.replica_id: r.in_flight for r in self.replicas})
+        self.metrics.state_degraded.set(1 if shared.degraded else 0)
+        if not shared.degraded:
+            for r in self.replicas:
+                r.count_others(shared=shared.others_in_flight.get(r.replica_id, 0))
 
     def _on_down(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(0)
@@ -266,6 +287,10 @@ class Gateway:
             output_tokens=max_tokens,
         )
         assert self.proxy is not None, "the app's lifespan has not started"
+        if self.shared is not None and self.prompts.is_exact:
+            match = await self.shared.match(prompt.hashes)
+            if match is not None:
+                route = dataclasses.replace(route, prefix_match=match)
         payload = orjson.dumps(body)
         return await self.proxy.forward(request, path, payload, route, model, stream, arrival_s)
 
@@ -325,7 +350,16 @@ class Gateway:
                     else {"connected": intake.is_connected, **dataclasses.asdict(intake.stats)},
                 }
             )
-        state = {"kind": "local", "ok": True}
+        state: dict[str, Any] = {"kind": "local", "ok": True}
+        shared = self.shared
+        if shared is not None:
+            state = {
+                "kind": "redis",
+                "ok": not shared.degraded,
+                "degraded": shared.degraded,
+                "intakes_held": sorted(shared.owned),
+                "errors": shared.num_errors,
+            }
         is_ready = routable > 0 and not self.draining
         return is_ready, {
             "ready": is_ready,
@@ -371,6 +405,9 @@ class Gateway:
                     tg.create_task(_every(f.health_interval_s, self.checker.check_all)),
                     tg.create_task(_every(f.scrape_interval_s, self.checker.scrape_all)),
                 ]
+                if self.shared is not None:
+                    await self._maintain_shared()
+                    loops.append(tg.create_task(_every(1.0, self._maintain_shared)))
                 yield
                 for task in [*loops, *self.intake_tasks.values()]:
                     task.cancel()
@@ -380,6 +417,8 @@ class Gateway:
             for intake in self.intakes.values():
                 intake.close()
             await self.session.close()
+            if self.shared is not None:
+                await self.shared.close()
 
 
 async def _every(period_s: float, fn: Callable[[], Awaitable[None]]) -> None:

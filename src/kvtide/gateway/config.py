@@ -91,6 +91,8 @@ class GatewayConfig:
     replicas: tuple[ReplicaSpec, ...] = ()
     policy: str = "cost"
     state: str = "local"
+    state_prefix: str = "kvtide"
+    """Key prefix in the shared store: gateways sharing an index use the same one."""
     tokenizer: str | None = None
     api_keys: str | None = None
     admin_key: str | None = None

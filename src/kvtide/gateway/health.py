@@ -54,15 +54,13 @@ def apply_scrape(replica: Replica, scraped: dict[str, float]) -> None:
     engine_requests = int(
         scraped.get("vllm:num_requests_running", 0) + scraped.get("vllm:num_requests_waiting", 0)
     )
-    others = max(engine_requests - replica.in_flight, 0)
-    before = int(replica.scraped.get("others", 0))
-    state.num_requests = max(state.num_requests + others - before, 0)
+    replica.count_others(scraped=max(engine_requests - replica.in_flight, 0))
     usage = scraped.get("vllm:kv_cache_usage_perc")
     if usage is not None:
         if state.capacity_blocks <= 0:
             state.capacity_blocks = _KV_SCALE_BLOCKS
         state.kv_used_blocks = int(min(max(usage, 0.0), 1.0) * state.capacity_blocks)
-    replica.scraped = {**scraped, "others": float(others)}
+    replica.scraped = scraped
 
 
 class HealthChecker:

@@ -11,7 +11,7 @@ numbers start again at 0) is a new epoch: its entries are cleared before the new
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -65,12 +65,14 @@ class EventIntake:
         index: IndexStore,
         executor: ThreadPoolExecutor,
         poll_s: float = 0.05,
+        after_commit: Callable[[ReplicaId, list[Op]], Awaitable[None]] | None = None,
     ) -> None:
         self.replica = replica
         self.index = index
         self.executor = executor
         self.poll_s = poll_s
         self.replay_endpoint = replay_endpoint
+        self.after_commit = after_commit
         self._ops: list[Op] = []
         seeds: dict[str | None, int] = {}
 
@@ -129,6 +131,8 @@ class EventIntake:
                 got, ops = await loop.run_in_executor(self.executor, self._poll)
                 if ops:
                     self.commit(ops)
+                    if self.after_commit is not None:
+                        await self.after_commit(self.replica, ops)
                 self.stats.batches += got
                 self.stats.epochs = self.ingest.num_epochs
                 self.stats.resyncs = self.ingest.counters.resyncs

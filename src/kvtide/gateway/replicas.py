@@ -26,6 +26,9 @@ class Replica:
         "in_flight",
         "is_down",
         "models",
+        "others",
+        "others_scraped",
+        "others_shared",
         "scraped",
         "spec",
         "state",
@@ -44,6 +47,9 @@ class Replica:
         self.allowance: int | None = None  # None: no slow-start cap
         self.draining = False
         self.scraped: dict[str, float] = {}
+        self.others = 0  # requests from other gateways counted in state.num_requests
+        self.others_scraped = 0
+        self.others_shared = 0
 
     @property
     def replica_id(self) -> ReplicaId:
@@ -52,6 +58,18 @@ class Replica:
     @property
     def url(self) -> str:
         return self.spec.url
+
+    def count_others(self, *, scraped: int | None = None, shared: int | None = None) -> None:
+        """Requests other gateways sent here, from the engine's metrics or the shared load
+        counters (the larger wins), kept inside ``state.num_requests`` on top of ours."""
+        if scraped is not None:
+            self.others_scraped = scraped
+        if shared is not None:
+            self.others_shared = shared
+        others = max(self.others_scraped, self.others_shared)
+        state = self.state
+        state.num_requests = max(state.num_requests + others - self.others, 0)
+        self.others = others
 
     def can_take(self) -> bool:
         if self.is_down or self.draining:

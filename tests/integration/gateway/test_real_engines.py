@@ -13,11 +13,11 @@ from pathlib import Path
 
 import openai
 import pytest
+from engine_process import Engine, start_engine
 from tests.integration.gateway.conftest import KEYS, SECRET, write_keys
 from tests.integration.gateway.procs import free_port, gateway
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine_process import Engine, start_engine
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
