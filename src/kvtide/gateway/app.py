@@ -493,7 +493,7 @@ def build_app(gateway: Gateway) -> web.Application:
             if 400 <= err.status.http < 500:
                 metrics.rejected.labels(err.status.code).inc()
             resp = _error_response(err)
-        metrics.requests.labels(endpoint, str(resp.status)).inc()
+        metrics.child(metrics.requests, endpoint, str(resp.status)).inc()
         return resp
 
     app = web.Application(

@@ -83,7 +83,7 @@ class Proxy:
                 break
             decision = self.router.route(route, [c.state for c in cands])
             replica = self.replicas.by_id[decision.replica]
-            self.metrics.decisions.labels(replica.replica_id, decision.reason).inc()
+            self.metrics.child(self.metrics.decisions, replica.replica_id, decision.reason).inc()
             if decision.cached_tokens:
                 self.metrics.predicted_cached.inc(decision.cached_tokens)
             if self.on_dispatch is not None:
@@ -120,7 +120,7 @@ class Proxy:
         arrival_s: float,
     ) -> web.StreamResponse:
         replica.in_flight += 1
-        gauge = self.metrics.in_flight.labels(replica.replica_id)
+        gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
         gauge.inc()
         booking = _Booking()
         resp: aiohttp.ClientResponse | None = None
