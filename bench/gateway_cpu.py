@@ -6,9 +6,11 @@ proxy on the same HTTP stack in the same run.
 Starts a zero-latency OpenAI-shaped backend, then `kvtide serve` (policy ``--policy``, text
 mode) and the bare proxy (no parsing, no routing: the stack's floor) in front of it, one at a
 time, and drives ``--requests`` chat requests with ``--prompt-chars`` of shared-prefix prompt at
-``--concurrency`` from an aiohttp client. CPU is the gateway process's user+system time
-(/proc/PID/stat) over the run divided by the requests; latency is the client's, with the
-backend direct as the baseline. Prints medians of ``--runs`` runs and the ratios.
+``--concurrency`` from an aiohttp client; ``--tokenizer smollm2`` runs the gateway in token
+mode (chat template + tokenization per request, conversation prefixes cached). CPU is the
+gateway process's user+system time (/proc/PID/stat) over the run divided by the requests;
+latency is the client's, with the backend direct as the baseline. Prints medians of
+``--runs`` runs and the ratios.
 """
 
 from __future__ import annotations
@@ -173,6 +175,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--prompt-chars", type=int, default=2000)
     p.add_argument("--policy", default="cost")
+    p.add_argument("--tokenizer", help="passed to kvtide serve (e.g. smollm2): token mode")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--stream", action="store_true")
     p.add_argument("--json")
@@ -187,7 +190,7 @@ def main() -> None:
     print(
         f"gateway_cpu: rev {rev.stdout.strip()} requests {args.requests} concurrency "
         f"{args.concurrency} prompt {args.prompt_chars} chars stream {args.stream} "
-        f"policy {args.policy} runs {args.runs}"
+        f"policy {args.policy} tokenizer {args.tokenizer} runs {args.runs}"
     )
     bport, gport, xport = free_port(), free_port(), free_port()
     me = [sys.executable, __file__]

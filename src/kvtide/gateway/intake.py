@@ -5,7 +5,7 @@ worker thread, one ``poll`` at a time per engine; what they would do to the inde
 a list of operations and applied on the event loop in one synchronous step. Routing also runs
 on the loop, so a lookup never sees half a batch, and a resync (clear, then the replayed
 batches) never shows a concurrent lookup an emptied replica. An engine restart (its sequence
-numbers start again at 0) is a new epoch: its entries are cleared before the new stream.
+numbers start again) is a new epoch: its entries are cleared before the new stream.
 """
 
 from __future__ import annotations
@@ -29,18 +29,36 @@ Op = tuple[str, list[KVEvent]]
 
 
 class EpochIngest(SequencedIngest[EngineEventBatch]):
-    """``SequencedIngest`` that treats sequence 0 after later batches as an engine restart."""
+    """``SequencedIngest`` that treats a live batch numbered below the one expected as an
+    engine restart. Only a replay legitimately sends old numbers (the batches held behind the
+    gap it repairs, again); ZMQ PUB/SUB never redelivers. (A restarted engine that has already
+    published past the old numbering looks like a gap instead; the health checker's
+    re-admission restarts the intake for that case.)"""
 
     num_epochs = 0
+    replaying = False
 
     def receive(
         self, replica: ReplicaId, seq: int, payload: EngineEventBatch, sent_s: float | None = None
     ) -> Gap | None:
         nxt = self.next_seq(replica)
-        if seq == 0 and nxt is not None and nxt > 0:
+        if not self.replaying and nxt is not None and seq < nxt:
             self.num_epochs += 1
             self.rewind(replica)
         return super().receive(replica, seq, payload, sent_s)
+
+
+class EpochSubscriber(KvEventSubscriber):
+    """Tells its ``EpochIngest`` when batches come from a replay."""
+
+    ingest: EpochIngest
+
+    def _replay_from(self, first: int) -> None:
+        self.ingest.replaying = True
+        try:
+            super()._replay_from(first)
+        finally:
+            self.ingest.replaying = False
 
 
 @dataclass(slots=True)
@@ -84,7 +102,7 @@ class EventIntake:
 
         self.translator = EventTranslator(block_tokens, seed_for)
         self.ingest = EpochIngest(self._stage_apply, self._stage_clear, WallClock())
-        self.subscriber = KvEventSubscriber(
+        self.subscriber = EpochSubscriber(
             replica, endpoint, self.ingest, replay_endpoint=replay_endpoint
         )
         self.stats = IntakeStats()
