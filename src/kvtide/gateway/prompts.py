@@ -177,20 +177,50 @@ class PrefixTokenCache:
         self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, list[int]]] = (
             OrderedDict()
         )
+        self._suffixes: dict[int, tuple[str, list[int]] | None] = {}
         self.hits = 0
         self.misses = 0
 
+    def _generation_suffix(self, tok: PromptTokenizer) -> tuple[str, list[int]] | None:
+        """The text ``add_generation_prompt`` appends and its ids, when the template just
+        appends it and the tokenizer splits there (checked once per tokenizer on a probe): one
+        render per request then gives both the prompt and the conversation without it, and
+        the suffix is never tokenized again (a tokenizer call costs ~100 us even for a few
+        tokens)."""
+        key = id(tok)
+        if key not in self._suffixes:
+            probe = [{"role": "user", "content": "probe"}]
+            conv = tok.apply_chat_template(probe, add_generation_prompt=False)
+            full = tok.apply_chat_template(probe, add_generation_prompt=True)
+            suffix: tuple[str, list[int]] | None = None
+            if full.startswith(conv) and len(full) > len(conv):
+                tail = full[len(conv) :]
+                tail_ids = tok.encode(tail, add_special_tokens=False)
+                split = tok.encode(conv, add_special_tokens=False) + tail_ids
+                if split == tok.encode(full, add_special_tokens=False):
+                    suffix = (tail, tail_ids)
+            self._suffixes[key] = suffix
+        return self._suffixes[key]
+
     def tokenize(self, tok: PromptTokenizer, messages: list[dict[str, str]]) -> list[int]:
-        conv = tok.apply_chat_template(messages, add_generation_prompt=False)
-        key = tuple((m["role"], m["content"]) for m in messages)
-        ids = self._conversation_ids(tok, key, conv)
         full = tok.apply_chat_template(messages, add_generation_prompt=True)
+        key = tuple((m["role"], m["content"]) for m in messages)
+        suffix = self._generation_suffix(tok)
+        if suffix is not None and full.endswith(suffix[0]):
+            conv = full[: len(full) - len(suffix[0])]
+            return self._conversation_ids(tok, key, conv, messages) + suffix[1]
+        conv = tok.apply_chat_template(messages, add_generation_prompt=False)
         if not full.startswith(conv):  # a template that rewrites history at the end
             return tok.encode(full, add_special_tokens=False)
+        ids = self._conversation_ids(tok, key, conv, messages)
         return ids + tok.encode(full[len(conv) :], add_special_tokens=False)
 
     def _conversation_ids(
-        self, tok: PromptTokenizer, key: tuple[tuple[str, str], ...], conv: str
+        self,
+        tok: PromptTokenizer,
+        key: tuple[tuple[str, str], ...],
+        conv: str,
+        messages: list[dict[str, str]],
     ) -> list[int]:
         found = self._entries.get(key)
         if found is not None and found[0] == conv:
@@ -210,8 +240,29 @@ class PrefixTokenCache:
             break
         if ids is None:
             self.misses += 1
-            ids = tok.encode(conv, add_special_tokens=False)
-        self._entries[key] = (conv, ids)
+            ids = self._first_message_apart(tok, key, conv, messages)
+        self._store(key, conv, ids)
+        return ids
+
+    def _first_message_apart(
+        self,
+        tok: PromptTokenizer,
+        key: tuple[tuple[str, str], ...],
+        conv: str,
+        messages: list[dict[str, str]],
+    ) -> list[int]:
+        """A miss: the first message (a system prompt, usually shared by many
+        conversations) is tokenized and stored on its own, then the rest."""
+        if len(messages) > 1:
+            first = tok.apply_chat_template(messages[:1], add_generation_prompt=False)
+            if conv.startswith(first):
+                first_ids = tok.encode(first, add_special_tokens=False)
+                self._store(key[:1], first, first_ids)
+                return first_ids + tok.encode(conv[len(first) :], add_special_tokens=False)
+        return tok.encode(conv, add_special_tokens=False)
+
+    def _store(self, key: tuple[tuple[str, str], ...], text: str, ids: list[int]) -> None:
+        self._entries[key] = (text, ids)
+        self._entries.move_to_end(key)
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
-        return ids

@@ -71,3 +71,16 @@ def test_prefix_token_cache_equals_tokenizing_the_whole_prompt() -> None:
             assert cache.tokenize(tok, messages) == direct
             messages.append({"role": "assistant", "content": " ".join(rng.choices(words, k=9))})
     assert cache.hits >= 6 * 3  # turn N reused turn N-1's ids
+
+
+def test_a_shared_system_prompt_is_tokenized_once_for_every_conversation() -> None:
+    tok = smollm2()
+    cache = PrefixTokenCache(64)
+    system = {"role": "system", "content": "Answer in one word. " * 40}
+    for i in range(5):
+        messages = [system, {"role": "user", "content": f"question {i}?"}]
+        direct = tok.encode(
+            tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False
+        )
+        assert cache.tokenize(tok, messages) == direct
+    assert (cache.misses, cache.hits) == (1, 4)
