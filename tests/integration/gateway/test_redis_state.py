@@ -5,6 +5,7 @@ request, /ready says degraded, and the index is resynced into Redis when it retu
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -108,6 +109,8 @@ def test_two_gateways_share_one_index_through_redis(engines: list[Engine]) -> No
 
 
 def _redis_server(port: int) -> subprocess.Popen[bytes]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (a private Redis to stop mid-run)")
     proc = subprocess.Popen(
         [
             "redis-server",
