@@ -24,6 +24,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "sweep": "kvtide.cli.sweep",
     "cost": "kvtide.cli.cost",
     "calibrate": "kvtide.cli.calibrate",
+    "serve": "kvtide.cli.serve",
     "engine": "kvtide.cli.engine",
     "load": "kvtide.cli.load",
     "alerts": "kvtide.cli.alerts",
