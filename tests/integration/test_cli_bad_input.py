@@ -46,6 +46,7 @@ STUDY = [
     "--skewed",
     "builtin:chat:sessions=3",
 ]
+LOAD = ["--url", "http://127.0.0.1:9", "--workload", "builtin:chat:sessions=2", "--requests", "2"]
 TIERS = [*SIM, "--host-multiples", "0,1", "--disk-multiple", "0"]
 pytestmark = pytest.mark.timeout(900)  # the cases share one fixture; each has TIMEOUT_S
 ROWS = "new_tokens,cached_tokens,seconds\n512,0,0.01\n1024,0,0.02\n2048,0,0.04\n1024,1024,0.03\n"
@@ -224,6 +225,16 @@ CASES: dict[str, Case] = {
         ["calibrate", "{dir}/rows.csv", *COST, "--out", "{dir}/no/cal.json"],
         ("--out", "no/cal.json"),
         (("rows.csv", ROWS),),
+    ),
+    # --- load (every case fails before any request: nothing listens on port 9) --------------
+    "load rate nan": Case(["load", *LOAD, "--rate", "nan"], ("--rate", "'nan'")),
+    "load concurrency 0": Case(["load", *LOAD, "--concurrency", "0"], ("--concurrency", "'0'")),
+    "load timeout inf": Case(["load", *LOAD, "--timeout", "inf"], ("--timeout", "'inf'")),
+    "load url not http": Case(
+        ["load", *LOAD, "--url", "ftp://127.0.0.1:9"], ("--url", "'ftp://127.0.0.1:9'")
+    ),
+    "load json unwritable": Case(
+        ["load", *LOAD, "--json", "{dir}/no/l.json"], ("--json", "no/l.json")
     ),
     # --- sweep YAML: wrong types and values -----------------------------------------------------
     "sweep router not a string": says(sweep("grid:\n  router: [5]\n"), "grid.router[0]", "5"),
