@@ -29,10 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtide.cli.replay import Prepared, parse_capacities, prepare, replay_one
+from kvtide.cli.replay import Prepared, prepare, replay_one
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.oracle import Oracle
+from kvtide.quantities import flag, items, tokens
 
 
 def lru_with_perfect_admission(data: Prepared, oracle: Oracle, capacity_tokens: int) -> float:
@@ -126,7 +127,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace", type=Path)
     parser.add_argument("--block-tokens", type=int, default=512)
-    parser.add_argument("--capacity", default="500000,1000000,3000000,10000000")
+    parser.add_argument(
+        "--capacity",
+        type=flag(items, parse=tokens, minimum=1),
+        default="500000,1000000,3000000,10000000",
+    )
     parser.add_argument("--requests", type=int)
     args = parser.parse_args()
     rev = subprocess.run(
@@ -149,7 +154,7 @@ def main() -> None:
         "  (% of optimum)"
     )
     print(header)
-    for cap in parse_capacities(args.capacity):
+    for cap in args.capacity:
         best = oracle.run(cap // data.block_tokens).hit_blocks * data.block_tokens / total
         lru = replay_one(data, "lru", cap)["hit_ratio"]
         tide = replay_one(data, "tide", cap)["hit_ratio"]

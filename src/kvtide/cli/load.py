@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvtide.cli._checks import check_writable, write_text
+from kvtide.errors import ConfigError
 from kvtide.loadgen import APIS, LoadConfig, Slo, run_load, schedule
 from kvtide.quantities import duration, flag, integer, real, text
 from kvtide.text import Tokenizer, smollm2
@@ -93,9 +94,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.json_path, "--json")  # before any request is sent
     if not args.url.startswith(("http://", "https://")):
-        print(f"kvtide load: error: --url: not an http(s) URL, got {args.url!r}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--url: not an http(s) URL, got {args.url!r}")
     workload = open_workload(
         args.workload, limit=args.requests, time_scale=args.time_scale, seed=args.seed
     )
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         report = asyncio.run(run_load(config, workload, tokenizer, on_done, plan))
     print_summary(report)
     if args.json_path is not None:
-        args.json_path.write_text(json.dumps(report, indent=1) + "\n")
+        write_text(args.json_path, json.dumps(report, indent=1) + "\n")
     summary = report["summary"]
     # a run in which nothing completed is a failure a script must notice (the report says why)
     return 1 if summary["requests"] and not summary["completed"] else 0
