@@ -294,8 +294,9 @@ class Outcome:
     (only meaningful when one subprocess runs at a time)."""
 
 
-def kvtide(argv: list[str], timeout_s: float = TIMEOUT_S) -> Outcome:
-    """The real console script, with this checkout's sources first on the path."""
+def kvtide(argv: list[str], cwd: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
+    """The real console script, with this checkout's sources first on the path, run in ``cwd``
+    (a test's own folder: a bad value taken for a file name must not land in the checkout)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
@@ -304,7 +305,12 @@ def kvtide(argv: list[str], timeout_s: float = TIMEOUT_S) -> Outcome:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         done = subprocess.run(
-            [str(KVTIDE), *argv], capture_output=True, text=True, timeout=timeout_s, env=env
+            [str(KVTIDE), *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            cwd=cwd,
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
@@ -320,7 +326,7 @@ def _run_case(root: Path, name: str, case: Case) -> Outcome:
     folder.mkdir()
     for file_name, content in case.files:
         (folder / file_name).write_text(content)
-    return kvtide([arg.replace("{dir}", str(folder)) for arg in case.argv])
+    return kvtide([arg.replace("{dir}", str(folder)) for arg in case.argv], folder)
 
 
 @pytest.fixture(scope="module")
@@ -355,12 +361,14 @@ def test_bad_input_is_one_line_naming_the_flag_and_exit_2(
 
 def test_one_m_is_a_million_tokens_in_every_command(tmp_path: Path) -> None:
     sim_json = tmp_path / "sim.json"
-    sim = kvtide(["simulate", *SIM1, "--gpu-cache-tokens", "1M", "--json", str(sim_json)])
+    sim = kvtide(["simulate", *SIM1, "--gpu-cache-tokens", "1M", "--json", str(sim_json)], tmp_path)
     assert sim.returncode == 0, sim.stderr
     setup = json.loads(sim_json.read_text())["workload"]["setup"]
     assert setup["gpu_cache_tokens"] == 1_000_000
     replay_json = tmp_path / "replay.json"
-    replay = kvtide(["replay", *REPLAY, "--capacity", "1M,256Ki", "--json", str(replay_json)])
+    replay = kvtide(
+        ["replay", *REPLAY, "--capacity", "1M,256Ki", "--json", str(replay_json)], tmp_path
+    )
     assert replay.returncode == 0, replay.stderr
     runs = json.loads(replay_json.read_text())["runs"]
     assert [r["capacity_tokens"] for r in runs] == [1_000_000, 262_144]
@@ -392,7 +400,9 @@ def test_simulate_on_a_trace_with_no_time_span_ends_in_under_5_s(
     trace = tmp_path / "t.jsonl"
     trace.write_text(_mooncake_rows(1 if shape == "one line" else 30))
     outcome = kvtide(
-        ["simulate", "--workload", str(trace), "--jobs", "1", "--quiet", *argv], timeout_s=60
+        ["simulate", "--workload", str(trace), "--jobs", "1", "--quiet", *argv],
+        tmp_path,
+        timeout_s=60,
     )
     if "--load" in argv:  # a load needs arrivals spread over time: refused at once
         assert outcome.returncode == 2 and "--load" in outcome.stderr
@@ -402,7 +412,7 @@ def test_simulate_on_a_trace_with_no_time_span_ends_in_under_5_s(
     assert outcome.cpu_s < 5.0, f"{outcome.cpu_s:.1f} CPU s ({outcome.wall_s:.1f} s wall)"
 
 
-def test_simulate_on_the_shared_mooncake_trace_head_ends_in_under_5_s() -> None:
+def test_simulate_on_the_shared_mooncake_trace_head_ends_in_under_5_s(tmp_path: Path) -> None:
     """The issue's own reproduction: the trace's first rows share timestamp 0."""
     trace = (
         Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -411,6 +421,7 @@ def test_simulate_on_the_shared_mooncake_trace_head_ends_in_under_5_s() -> None:
         pytest.skip(f"{trace} is not here")
     outcome = kvtide(
         ["simulate", "--workload", str(trace), "--requests", "5", "--jobs", "1", "--quiet"],
+        tmp_path,
         timeout_s=60,
     )
     assert outcome.returncode == 0, outcome.stderr
@@ -436,9 +447,9 @@ def test_replay_and_simulate_skip_a_too_long_request_naming_its_line(tmp_path: P
     )
     replay_json = tmp_path / "replay.json"
     common = ["--policy", "lru", "--jobs", "1", "--json", str(replay_json)]
-    replay = kvtide(["replay", str(trace), "--capacity", "64Ki", *common])
+    replay = kvtide(["replay", str(trace), "--capacity", "64Ki", *common], tmp_path)
     sim_flags = ["--gpu-cache-tokens", "64Ki", "--quiet", "--router", "cost", "--jobs", "1"]
-    simulate = kvtide(["simulate", "--workload", str(trace), *sim_flags])
+    simulate = kvtide(["simulate", "--workload", str(trace), *sim_flags], tmp_path)
     for outcome in (replay, simulate):
         assert outcome.returncode == 0, outcome.stderr
         assert "Traceback" not in outcome.stderr
