@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine_server": {"core", "costs", "engine", "state", "telemetry", "tensors", "text"},
     "loadgen": {"text", "workloads"},
 }
-LEAVES = {"errors", "types", "clock", "registry", "quantities"}
+LEAVES = {"errors", "types", "clock", "registry", "quantities", "display"}
 # Third-party modules that must stay out of the synchronous, pure layers.
 FORBIDDEN_THIRD_PARTY = {
     "costs": {"redis", "zmq", "httpx", "starlette", "prometheus_client", "torch", "asyncio"},

@@ -26,6 +26,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "calibrate": "kvtide.cli.calibrate",
     "serve": "kvtide.cli.serve",
     "engine": "kvtide.cli.engine",
+    "load": "kvtide.cli.load",
 }
 
 
@@ -38,11 +39,11 @@ def _available() -> dict[str, str]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's errors as one line naming the command and the flag, exit 2:
-    ``kvtide simulate: error: --gpu-cache-tokens: not a token count, got 'x'``."""
+    """argparse's errors as one line naming the flag, exit 2, as a KvtideError reads:
+    ``kvtide: error: --gpu-cache-tokens: not a token count ..., got 'x'``."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {argparse_message(message)}\n")
+        self.exit(2, f"kvtide: error: {argparse_message(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad flag (2), --help or --version (0): a code, in-process too
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -2,7 +2,7 @@
 tiered cache they build, and what each run reports about its tiers.
 
 `replay` calls three functions: ``add_tier_arguments(parser)`` once, ``build_cache(args, ...)``
-per run, and ``tier_report(cache)`` for the run's JSON (``tier_cells`` for its table row).
+per run, and ``tier_report(cache)`` for the run's JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kvtide.clock import Clock
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec, WriteMode
 from kvtide.costs.cost_model import CostModel
-from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, resolve_model
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
@@ -84,10 +84,15 @@ def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default="llama-3-8b",
         metavar="M",
-        help="cost model: preset or config.json, for reload-vs-recompute decisions and the "
-        "prefill seconds saved (default: llama-3-8b)",
+        help=f"cost model: a preset ({', '.join(sorted(MODEL_PRESETS))}) or a config.json, for "
+        "reload-vs-recompute decisions and the prefill seconds saved (default: llama-3-8b)",
     )
-    group.add_argument("--gpu", default="h100", metavar="G", help="GPU preset (default: h100)")
+    group.add_argument(
+        "--gpu",
+        default="h100",
+        metavar="G",
+        help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default: h100)",
+    )
     group.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
     group.add_argument(
         "--dtype", default="bf16", metavar="D", help="KV-cache dtype: bf16 or fp8 (default bf16)"
@@ -175,21 +180,3 @@ def describe_cost(cost: OnboardCost) -> str:
     if isinstance(cost, CostModel):
         return f"{cost.model.name} on {cost.gpu.name} x{cost.tp} ({cost.dtype} KV)"
     return type(cost).__name__
-
-
-TIER_COLUMNS = ("device", "host", "disk", "host writes", "prefill s saved")
-"""Table headers of ``tier_cells``, in order."""
-
-
-def tier_cells(report: dict[str, object]) -> tuple[str, ...]:
-    """A run's table cells under ``TIER_COLUMNS`` ("-" for a row without tiers)."""
-    by_tier = report.get("hit_ratio_by_tier")
-    if not isinstance(by_tier, dict):
-        return ("-",) * len(TIER_COLUMNS)
-    return (
-        f"{100 * by_tier['device']:.2f}%",
-        f"{100 * by_tier['host']:.2f}%",
-        f"{100 * by_tier['disk']:.2f}%",
-        f"{report['host_writes_blocks']:,}",
-        f"{report['prefill_s_saved']:,.1f}",
-    )

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Fits prefill efficiency, attention coefficient and iteration overhead to a CSV of "
             "measured prefills (header new_tokens,cached_tokens,seconds), prints the fit error "
-            "and writes a calibration file that `kvtide cost --calibration` loads."
+            "and writes a calibration file that kvtide cost --calibration loads."
         ),
     )
     parser.add_argument("rows", type=Path, metavar="ROWS.csv", help="measured prefill rows")

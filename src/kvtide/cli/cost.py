@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
+from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.costs.calibration import load_calibration
 from kvtide.costs.cost_model import Coefficients, CostModel
 from kvtide.costs.onboard import OnboardAction, break_even_prefix_tokens
-from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, resolve_model
+from kvtide.display import plural
 from kvtide.errors import ConfigError
 from kvtide.types import Tier
 
@@ -66,9 +65,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --gpu, --tp, --dtype: shared by `kvtide cost` and `kvtide calibrate`."""
     parser.add_argument(
-        "--model", required=True, metavar="M", help="preset name or path to a config.json"
+        "--model",
+        required=True,
+        metavar="M",
+        help=f"model preset ({', '.join(sorted(MODEL_PRESETS))}) or a path to a Hugging Face "
+        "config.json",
     )
-    parser.add_argument("--gpu", required=True, metavar="G", help="GPU preset name")
+    parser.add_argument(
+        "--gpu", required=True, metavar="G", help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))}"
+    )
     parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
     parser.add_argument(
         "--dtype", default="bf16", metavar="D", help="KV-cache dtype: bf16 or fp8 (default bf16)"
@@ -77,7 +82,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     coefficients = Coefficients()
-    source = "defaults (assumed; see `kvtide calibrate`)"
+    source = "defaults (assumed; see kvtide calibrate)"
     gpu = gpu_preset(args.gpu)
     if args.calibration is not None:
         calibration = load_calibration(args.calibration)
@@ -160,12 +165,13 @@ def cost_report(
 
 
 def print_report(report: dict[str, Any], coefficients_source: str) -> None:
-    console = Console(highlight=False)
+    console = make_console()
     kv = report["kv_bytes_per_token"]
     pays = report["break_even_prefix_tokens"]
     console.print(
         f"{report['model']} on {report['tp']} × {report['gpu']}, KV {report['dtype']}, "
-        f"link load {report['link_load']:.0%}, {report['new_tokens']} new token(s) per prompt"
+        f"link load {report['link_load']:.0%}, {plural(report['new_tokens'], 'new token')} per "
+        "prompt"
     )
     console.print(f"KV bytes per token   {kv:,} ({kv / 1024:,.1f} KiB)")
     console.print(
@@ -182,20 +188,25 @@ def print_report(report: dict[str, Any], coefficients_source: str) -> None:
     console.print(f"coefficients         {coefficients_source}")
     console.print("times in seconds; a plan is reload, recompute, or split N%:")
     console.print("reload the first N% of the prompt while computing the rest")
-    table = Table("prompt", "recompute", "host reload", "disk reload", "host plan", "disk plan")
-    for column in table.columns:
-        column.no_wrap = True
-        column.justify = "right"
-    for row in report["rows"]:
-        table.add_row(
+    columns = [
+        Column("recompute", "times"),
+        Column("host\nreload", "times"),
+        Column("disk\nreload", "times"),
+        Column("host plan", "plans", left=True),
+        Column("disk plan", "plans", left=True),
+    ]
+    rows = [
+        [
             f"{row['prompt_tokens']:,}",
             f"{row['recompute_s']:.4f}",
             f"{row['reload_host_s']:.4f}",
             f"{row['reload_disk_s']:.4f}",
             _plan(row["decision"], row["reload_tokens_host"], row["prompt_tokens"]),
             _plan(row["decision_disk"], row["reload_tokens_disk"], row["prompt_tokens"]),
-        )
-    console.print(table)
+        ]
+        for row in report["rows"]
+    ]
+    print_table(console, "prefix in host memory or on disk", [Column("prompt")], columns, rows)
 
 
 def _plan(action: str, reload_tokens: int, prompt_tokens: int) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -21,16 +20,17 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from kvtide import __version__
 from kvtide.cli import _tiers_args as tiers_cli
+from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.eviction import POLICIES
 from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
 from kvtide.core.oracle import Oracle
 from kvtide.core.tiers import TieredCache
+from kvtide.display import DASH, plural
 from kvtide.errors import ConfigError
 from kvtide.workloads import DEFAULT_BUILTIN, open_workload
 
@@ -43,7 +43,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "replay",
         help="replay a trace or built-in workload through the cache: hit ratios per policy",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=(
+            "Replays a trace or a built-in workload through one cache per (policy, capacity) "
+            "and prints token and block hit ratios, evictions, misses by class and, with "
+            "--oracle, the share of Belady's optimum each run reaches."
+        ),
     )
     parser.add_argument(
         "workload",
@@ -233,6 +237,8 @@ def replay_one(
         "us_per_request": 1e6 * wall_s / data.num_requests,
     }
     if isinstance(cache, TieredCache):
+        # The misses above are the device's: device hits plus them make every prompt token.
+        row["device_hit_tokens"] = s.hit_tokens
         row.update(tiers_cli.tier_report(cache))
     return row
 
@@ -335,7 +341,13 @@ def run(args: argparse.Namespace) -> int:
     for row in runs:
         opt = best.get(row["capacity_tokens"])
         if opt:
-            row["pct_of_optimum"] = 100.0 * row["hit_ratio"] / opt
+            # Belady's optimum is one cache of the device's size: compare the device's hits.
+            own = (
+                row["device_hit_tokens"] / row["prompt_tokens"]
+                if "device_hit_tokens" in row
+                else row["hit_ratio"]
+            )
+            row["pct_of_optimum"] = 100.0 * own / opt
     _print_table(args.workload, data, runs, oracle_rows)
     if args.json is not None:
         report = {
@@ -387,40 +399,90 @@ def _pct(x: float) -> str:
 def _print_table(
     spec: str, data: Prepared, runs: list[dict[str, Any]], oracle: list[dict[str, Any]]
 ) -> None:
+    """Hits and misses add up to 100%: every tier's hits, then the device's misses, with the
+    lower tiers' hits shown as the part of those misses they served."""
     total = int(data.prompt_tokens.sum())
-    table = Table(
-        title=f"{spec}: {data.num_requests:,} requests, {total:,} prompt tokens, "
-        f"{data.block_tokens}-token blocks"
-    )
-    for name in ("policy", "capacity", "token hit", "block hit", "evictions", "% of optimum"):
-        table.add_column(name, justify="left" if name == "policy" else "right")
-    for name in ("miss cold", "miss evicted", "miss partial"):
-        table.add_column(name, justify="right")
-    tiered = any("hit_ratio_by_tier" in r for r in runs)
-    for name in tiers_cli.TIER_COLUMNS if tiered else ():
-        table.add_column(name, justify="right")
-    rows: list[tuple[str, dict[str, Any]]] = []
+    tiered = any("device_hit_tokens" in r for r in runs)
+    other_ns = any(r["miss_tokens"]["other_namespace"] for r in runs)
+    miss = "dev. miss" if tiered else "miss"
+    columns = [Column("token hit\nall tiers" if tiered else "token\nhit", "hits")]
+    if tiered:
+        columns += [Column(f"{tier}\nhit", "hits") for tier in ("device", "host", "disk")]
+    columns += [Column(f"{miss}\n{kind}", "misses") for kind in ("cold", "evicted", "partial")]
+    if other_ns:
+        columns.append(Column(f"{miss}\nother ns", "misses"))
+    columns += [
+        Column("block hit\nall tiers" if tiered else "block\nhit", "blocks"),
+        Column("evictions", "blocks"),
+        Column("device %\nof optimum" if tiered else "% of\noptimum", "blocks"),
+    ]
+    if tiered:
+        columns += [Column("host\nwrites", "tiers"), Column("prefill s\nsaved", "tiers")]
+    ordered: list[tuple[str, dict[str, Any]]] = []
     for cap in dict.fromkeys(r["capacity_tokens"] for r in runs):
-        rows += [(r["policy"], r) for r in runs if r["capacity_tokens"] == cap]
-        rows += [("optimum", r) for r in oracle if r["capacity_tokens"] == cap]
-    for i, (name, r) in enumerate(rows):
-        miss = r.get("miss_tokens")
-        pct = r.get("pct_of_optimum")
-        table.add_row(
-            name,
-            f"{r['capacity_tokens']:,}",
-            _pct(r["hit_ratio"]),
-            _pct(r["block_hit_ratio"]),
-            f"{r['evictions']:,}",
-            f"{pct:.1f}" if pct is not None else "-",
-            _pct(miss["cold"] / total) if miss else "-",
-            _pct(miss["evicted"] / total) if miss else "-",
-            _pct(miss["partial"] / total) if miss else "-",
-            *(tiers_cli.tier_cells(r) if tiered else ()),
-            end_section=i + 1 < len(rows)
-            and rows[i + 1][1]["capacity_tokens"] != r["capacity_tokens"],
+        ordered += [(r["policy"], r) for r in runs if r["capacity_tokens"] == cap]
+        ordered += [("optimum", r) for r in oracle if r["capacity_tokens"] == cap]
+    rows = []
+    for name, r in ordered:
+        rows.append([name, f"{r['capacity_tokens']:,}", *_cells(r, total, tiered, other_ns)])
+    sections = [
+        i + 1 < len(ordered) and ordered[i + 1][1]["capacity_tokens"] != r["capacity_tokens"]
+        for i, (_, r) in enumerate(ordered)
+    ]
+    console = make_console()
+    title = (
+        f"{spec}: {plural(data.num_requests, 'request')}, "
+        f"{plural(total, 'prompt token')}, {data.block_tokens}-token blocks"
+    )
+    print_table(
+        console,
+        title,
+        [Column("policy"), Column("capacity")],
+        columns,
+        rows,
+        sections=sections,
+    )
+    if tiered:
+        console.print(
+            "Hits of every tier add up to the token hit ratio; device hit + device (dev.) "
+            "misses = 100%: the host and disk hits are device misses those tiers served. "
+            f"The optimum is Belady's on the device alone. {DASH}: does not apply."
         )
-    out = Console(file=sys.stdout)
-    if not out.is_terminal:
-        out = Console(file=sys.stdout, width=160)
-    out.print(table)
+    else:
+        console.print(f"token hit + misses = 100% of prompt tokens. {DASH}: does not apply.")
+
+
+def _cells(r: dict[str, Any], total: int, tiered: bool, other_ns: bool) -> list[str]:
+    """One row's cells after policy and capacity (an optimum row has no misses or tiers)."""
+    misses = r.get("miss_tokens")
+    by_tier = r.get("hit_ratio_by_tier")
+    is_optimum = misses is None
+    if tiered:
+        # The optimum is a device-only cache: its hits sit under "device".
+        hits = [DASH if is_optimum else _pct(r["hit_ratio"])]
+        hits += [
+            _pct(r["hit_ratio"])
+            if is_optimum and tier == "device"
+            else DASH
+            if by_tier is None
+            else _pct(by_tier[tier])
+            for tier in ("device", "host", "disk")
+        ]
+    else:
+        hits = [_pct(r["hit_ratio"])]
+    kinds = ["cold", "evicted", "partial", *(["other_namespace"] if other_ns else [])]
+    miss_cells = [DASH if misses is None else _pct(misses[k] / total) for k in kinds]
+    pct = r.get("pct_of_optimum")
+    cells = [
+        *hits,
+        *miss_cells,
+        _pct(r["block_hit_ratio"]),
+        f"{r['evictions']:,}",
+        DASH if pct is None else f"{pct:.1f}",
+    ]
+    if tiered:
+        cells += [
+            DASH if is_optimum else f"{r['host_writes_blocks']:,}",
+            DASH if is_optimum else f"{r['prefill_s_saved']:,.1f}",
+        ]
+    return cells

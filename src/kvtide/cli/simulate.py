@@ -6,32 +6,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from kvtide.cli.tables import Column, make_console
+from kvtide.cli.tables import print_table as print_table_fitted
 from kvtide.clock import ManualClock
 from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
+from kvtide.display import DASH, applies, number, plural, seconds
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
+from kvtide.quantities import flag, integer, items, text
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.routing.specs import build_policy, needs_index, policy_names
-from kvtide.sim.fleet import Outage
+from kvtide.sim.metrics import RunSummary
 from kvtide.sim.parallel import run_many
 from kvtide.sim.report import write_report
 from kvtide.sim.scenario import (
     DEFAULT_EVICTION,
     RunResult,
     Scenario,
+    check_scenario,
     describe_setup,
+    describe_tiers,
     prepare,
 )
+from kvtide.sim.settings import flag_name, flag_type, outage
 
 DEFAULT_ROUTERS = "round_robin,least_load,chash,precise,cost"
 DEFAULT_WORKLOAD = "builtin:mixed"
@@ -56,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_fleet_arguments(parser)
     parser.add_argument(
         "--router",
+        type=flag(items, parse=text),
         default=DEFAULT_ROUTERS,
         metavar="P[,P...]",
         help=f"routing policies to compare, each NAME[:key=value...] (default "
@@ -67,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=JOBS,
         default=min(2, os.cpu_count() or 1),
         metavar="N",
         help="runs in parallel processes (default: 2, or 1 on one core)",
@@ -85,17 +92,21 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
             metavar="SPEC",
             help=f"builtin:NAME[:key=val,...] or a trace path (default {DEFAULT_WORKLOAD})",
         )
-    parser.add_argument("--requests", type=int, metavar="N", help="use only the first N requests")
+    parser.add_argument(
+        "--requests", type=flag_type("requests"), metavar="N", help="use only the first N requests"
+    )
     parser.add_argument(
         "--block-tokens",
-        type=int,
+        type=flag_type("block_tokens"),
         metavar="N",
         help="cache block size in tokens (default: the workload's own, 512 for Mooncake)",
     )
-    parser.add_argument("--replicas", type=int, default=4, metavar="N", help="(default 4)")
+    parser.add_argument(
+        "--replicas", type=flag_type("replicas"), default=4, metavar="N", help="(default 4)"
+    )
     parser.add_argument(
         "--decode-replicas",
-        type=int,
+        type=flag_type("decode_replicas"),
         default=0,
         metavar="N",
         help="disaggregate: the routed replicas only prefill, N more decode (default 0)",
@@ -119,14 +130,16 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
     )
     parser.add_argument(
         "--gpu-cache-tokens",
-        type=_tokens,
+        type=flag_type("gpu_cache_tokens"),
+        action=_Given,
         default=262_144,
         metavar="N",
-        help="KV capacity per replica in tokens, e.g. 256k or 1M (default 256k)",
+        help="KV capacity per replica in tokens; k, M, G are 10^3, 10^6, 10^9 and Ki, Mi, Gi "
+        "2^10, 2^20, 2^30, e.g. 256Ki or 1M (default 262,144 = 256Ki)",
     )
     parser.add_argument(
         "--host-cache-tokens",
-        type=_tokens,
+        type=flag_type("host_cache_tokens"),
         default=0,
         metavar="N",
         help="host-memory KV tier per replica in tokens (default 0: none)",
@@ -140,81 +153,101 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
     )
     parser.add_argument(
         "--disk-cache-tokens",
-        type=_tokens,
+        type=flag_type("disk_cache_tokens"),
         default=0,
         metavar="N",
         help="disk KV tier per replica in tokens, under the host tier (default 0: none)",
     )
-    parser.add_argument("--model", default="llama-3-8b", metavar="M", help="(default llama-3-8b)")
-    parser.add_argument("--gpu", default="h100", metavar="G", help="(default h100)")
-    parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel (1)")
+    parser.add_argument(
+        "--model",
+        default="llama-3-8b",
+        metavar="M",
+        help=f"model preset ({', '.join(sorted(MODEL_PRESETS))}) or a path to a Hugging Face "
+        "config.json (default llama-3-8b)",
+    )
+    parser.add_argument(
+        "--gpu",
+        default="h100",
+        metavar="G",
+        help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default h100)",
+    )
+    parser.add_argument(
+        "--tp", type=flag_type("tp"), default=1, metavar="N", help="tensor parallel (1)"
+    )
     parser.add_argument(
         "--max-batched-tokens",
-        type=int,
+        type=flag_type("max_batched_tokens"),
         default=EngineConfig().max_batched_tokens,
         metavar="N",
         help="engine token budget per iteration (chunked prefill)",
     )
     parser.add_argument(
         "--time-scale",
-        type=float,
+        type=flag_type("time_scale"),
         default=1.0,
         metavar="X",
         help="multiply inter-arrival gaps by X (2 = half the rate)",
     )
     parser.add_argument(
         "--load",
-        type=float,
+        type=flag_type("load"),
         metavar="X",
         help="rescale arrivals so the offered prefill work (no cache hits) is X of the "
         f"fleet's prefill capacity (replaces --time-scale; default {DEFAULT_BUILTIN_LOAD} for "
         "built-in workloads, traces keep their own pace)",
     )
     parser.add_argument(
-        "--event-delay", type=float, default=0.0, metavar="S", help="KV event lag, seconds"
+        "--event-delay",
+        type=flag_type("event_delay_s"),
+        default=0.0,
+        metavar="S",
+        help="KV event lag, seconds (or 500ms, 2s)",
     )
     parser.add_argument(
-        "--event-loss", type=float, default=0.0, metavar="P", help="KV event loss, 0 to 1"
+        "--event-loss",
+        type=flag_type("event_loss"),
+        default=0.0,
+        metavar="P",
+        help="KV event loss, 0 to 1 (below 1)",
     )
     parser.add_argument(
         "--outage",
+        type=flag(outage),
         action="append",
         default=[],
         metavar="R:START[:END]",
         help="replica R is down from START to END seconds after the first arrival (repeatable)",
     )
-    parser.add_argument("--seed", type=int, default=0, metavar="N", help="(default 0)")
+    parser.add_argument(
+        "--seed", type=flag_type("seed"), default=0, metavar="N", help="(default 0)"
+    )
 
 
-def _tokens(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    raw = text.strip().lower()
-    scale = units.get(raw[-1:], 1)
-    try:
-        value = float(raw[:-1] if scale > 1 else raw) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from None
-    return int(value)
+class _Given(argparse.Action):
+    """Stores the value and notes that the flag was given (``args.given``): a default that
+    does not fit is an error, a value the user chose may be meant."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
 
 
-def parse_outage(text: str) -> Outage:
-    parts = text.split(":")
-    try:
-        if len(parts) not in (2, 3):
-            raise ValueError
-        end = float(parts[2]) if len(parts) == 3 else None
-        return Outage(int(parts[0]), float(parts[1]), end)
-    except ValueError:
-        raise ConfigError(f"--outage {text!r}: expected REPLICA:START[:END]") from None
+JOBS = flag(integer, minimum=1, maximum=256)
+"""``--jobs`` of every command that runs in parallel processes."""
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    if args.replicas < 1:
-        raise ConfigError("--replicas must be >= 1")
-    if args.requests is not None and args.requests < 1:
-        raise ConfigError("--requests must be >= 1")
+    """The scenario the flags describe; refuses what can be refused before reading anything."""
     load = args.load
     is_builtin = args.workload.split(":", 1)[0] == "builtin"
+    if load is not None and args.time_scale != 1.0:
+        raise ConfigError("--load and --time-scale: give either a load or a time scale, not both")
     if load is None and args.time_scale == 1.0 and is_builtin:
         load = DEFAULT_BUILTIN_LOAD
     return Scenario(
@@ -235,7 +268,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         disk_cache_tokens=args.disk_cache_tokens,
         event_delay_s=args.event_delay,
         event_loss=args.event_loss,
-        outages=tuple(parse_outage(o) for o in args.outage),
+        outages=tuple(args.outage),
         decode_replicas=args.decode_replicas,
         kv_transfer=args.kv_transfer,
         engine=EngineConfig(
@@ -246,13 +279,15 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
 
 def run(args: argparse.Namespace) -> int:
     base = scenario_from_args(args)
-    routers = [r.strip() for r in args.router.split(",") if r.strip()]
-    if not routers:
-        raise ConfigError("--router needs at least one policy")
+    routers = args.router
     validate_names(routers, base.eviction)
+    check_writable(args.json_path, "--json")
+    check_writable(args.report, "--report", directory=True)
+    console = make_console()
+    warnings = check_from_args(base, args)
     prepared = prepare(base)  # validates the workload and model before any process starts
     scenarios = [base.with_(router=r) for r in routers]
-    console = make_console()
+    warn(console, [*warnings, *prepared.skipped])
     describe(console, base, prepared.description)
     results = run_with_progress(scenarios, args.jobs, console, quiet=args.quiet)
     print_table(console, results)
@@ -263,6 +298,47 @@ def run(args: argparse.Namespace) -> int:
         path = write_report(args.report, base, prepared.description, results)
         console.print(f"report: {path}")
     return 0
+
+
+def check_from_args(scenario: Scenario, args: argparse.Namespace) -> list[str]:
+    """``check_scenario`` with the flags' names; its warnings."""
+    given = "gpu_cache_tokens" in getattr(args, "given", frozenset())
+    return check_scenario(scenario, flag_name, kv_given=given)
+
+
+def warn(console: Console, lines: Sequence[str]) -> None:
+    for line in lines:
+        console.print(f"[yellow]kvtide: warning: {line}[/yellow]", markup=True, highlight=False)
+
+
+def check_writable(path: Path | None, name: str, *, directory: bool = False) -> None:
+    """Refuses, before any run, an output path that cannot be written: a missing or read-only
+    parent folder, a folder where a file is wanted, or a file where a folder is."""
+    if path is None:
+        return
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{name}: {path} exists and is not a folder")
+        target = path if path.exists() else _existing_parent(path)
+    else:
+        if path.is_dir():
+            raise ConfigError(f"{name}: {path} is a folder, not a file")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ConfigError(f"{name}: {path} is not writable")
+        target = path.parent
+        if not target.is_dir():
+            raise ConfigError(f"{name}: {path}: folder {target} does not exist")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}: {path}: folder {target} is not writable")
+
+
+def _existing_parent(path: Path) -> Path:
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{path}: {parent} is not a folder")
+            return parent
+    return Path("/")
 
 
 def validate_names(routers: Sequence[str], eviction: str) -> None:
@@ -282,11 +358,6 @@ def simulation_json(
     }
 
 
-def make_console() -> Console:
-    """A console whose tables are not squeezed to 80 columns when stdout is a file."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-
-
 def write_text(path: Path, text: str) -> None:
     try:
         path.write_text(text, encoding="utf-8")
@@ -296,16 +367,16 @@ def write_text(path: Path, text: str) -> None:
 
 def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{workload['name']}[/bold]: {workload['requests']:,} requests over "
-        f"{workload['span_s']:,.0f} s, prompts {workload['prompt_tokens_mean']:,.0f} tokens "
-        f"and outputs {workload['output_tokens_mean']:,.0f} on average, offered load "
+        f"[bold]{workload['name']}[/bold]: {plural(int(workload['requests']), 'request')} over "
+        f"{seconds(float(workload['span_s']))}, prompts {workload['prompt_tokens_mean']:,.0f} "
+        f"tokens and outputs {workload['output_tokens_mean']:,.0f} on average, offered load "
         f"{workload['offered_load']:.2f}"
     )
     disagg = f" + {scenario.decode_replicas} decode" if scenario.decode_replicas else ""
     console.print(
-        f"{scenario.replicas}{disagg} × {scenario.model} on {scenario.tp} × {scenario.gpu}, "
-        f"{scenario.gpu_cache_tokens:,} KV tokens each, {workload['block_tokens']}-token "
-        f"blocks, eviction {scenario.eviction}, seed {scenario.seed}"
+        f"{scenario.replicas}{disagg} × {scenario.model} on {scenario.tp} × {scenario.gpu}; "
+        f"KV per replica: {describe_tiers(scenario)}; {workload['block_tokens']}-token blocks, "
+        f"eviction {scenario.eviction}, seed {scenario.seed}"
     )
 
 
@@ -336,35 +407,59 @@ def run_with_progress(
         return run_many(scenarios, jobs, update)
 
 
+_TIERS = ("device", "host", "disk")
+
+
 def print_table(console: Console, results: Sequence[RunResult]) -> None:
-    table = Table(title="times in seconds; best of each column in bold")
-    columns: list[tuple[str, Callable[[RunResult], float], str, bool]] = [
-        ("TTFT mean", lambda r: r.summary.ttft_s.mean, "{:.3f}", False),
-        ("TTFT p50", lambda r: r.summary.ttft_s.p50, "{:.3f}", False),
-        ("TTFT p99", lambda r: r.summary.ttft_s.p99, "{:.3f}", False),
-        ("TPOT p50", lambda r: r.summary.tpot_s.p50, "{:.4f}", False),
-        ("E2E p50", lambda r: r.summary.e2e_s.p50, "{:.2f}", False),
-        ("hit ratio", lambda r: r.summary.hit_ratio, "{:.1%}", True),
-        ("tok/s", lambda r: r.summary.throughput_tok_s, "{:,.0f}", True),
-        ("imbalance", lambda r: r.summary.load_imbalance, "{:.2f}", False),
-        ("evict/s", lambda r: r.summary.evictions_per_s, "{:,.0f}", False),
-        ("prefill Mtok", lambda r: r.summary.prefill_tokens_computed / 1e6, "{:,.2f}", False),
+    """One row per run; with lower tiers, the hit ratio of every tier and their sum."""
+    tiers = [t for t in _TIERS if any(t in r.summary.hit_ratio_by_tier for r in results)]
+    hit = "hit ratio\nall tiers" if len(tiers) > 1 else "hit\nratio"
+    metrics: list[tuple[Column, Callable[[RunSummary], float], str, bool]] = [
+        (Column("TTFT\nmean", "ttft"), lambda s: s.ttft_s.mean, ".3f", False),
+        (Column("TTFT\np50", "ttft"), lambda s: s.ttft_s.p50, ".3f", False),
+        (Column("TTFT\np99", "ttft"), lambda s: s.ttft_s.p99, ".3f", False),
+        (Column("TPOT\np50", "decode"), lambda s: s.tpot_s.p50, ".4f", False),
+        (Column("E2E\np50", "decode"), lambda s: s.e2e_s.p50, ".2f", False),
+        (Column(hit, "hits"), lambda s: s.hit_ratio, ".1%", True),
     ]
-    table.add_column("router", no_wrap=True)
-    for name, *_ in columns:
-        table.add_column(name, justify="right", no_wrap=True)
-    best = {
-        name: (max if higher else min)(get(r) for r in results) for name, get, _, higher in columns
-    }
+    if len(tiers) > 1:
+        metrics += [
+            (Column(f"{tier}\nhits", "hits"), _tier_hits(tier), ".1%", True) for tier in tiers
+        ]
+    metrics += [
+        (Column("tok/s", "fleet"), lambda s: s.throughput_tok_s, ",.0f", True),
+        (Column("imbal-\nance", "fleet"), lambda s: s.load_imbalance, ".2f", False),
+        (Column("evict/s", "fleet"), lambda s: s.evictions_per_s, ",.0f", False),
+        (
+            Column("prefill\nMtok", "fleet"),
+            lambda s: s.prefill_tokens_computed / 1e6,
+            ",.2f",
+            False,
+        ),
+    ]
+    rows = []
     for result in results:
-        cells = []
-        for name, get, fmt, _ in columns:
-            text = fmt.format(get(result))
-            cells.append(
-                f"[bold]{text}[/bold]" if len(results) > 1 and get(result) == best[name] else text
-            )
-        table.add_row(result.summary.router, *cells)
-    console.print(table)
+        cells = [result.summary.router]
+        for _, get, spec, higher in metrics:
+            value = get(result.summary)
+            text = number(value, spec)
+            others = [get(r.summary) for r in results if applies(get(r.summary))]
+            best = (max if higher else min)(others) if others else None
+            is_best = len(results) > 1 and applies(value) and value == best
+            cells.append(f"[bold]{text}[/bold]" if is_best else text)
+        rows.append(cells)
+    notes = ["times in seconds; the best of each column in bold"]
+    if len(tiers) > 1:
+        notes.append(f"hits by tier add up to all tiers ({' + '.join(tiers)})")
+    if any(not applies(r.summary.tpot_s.p50) for r in results):
+        notes.append(f"{DASH}: does not apply (no request decoded past its first token)")
+    print_table_fitted(
+        console, "runs", [Column("router")], [m[0] for m in metrics], rows, caption="; ".join(notes)
+    )
     unserved = sum(r.unserved for r in results)
     if unserved:
-        console.print(f"[yellow]{unserved} request(s) found no healthy replica[/yellow]")
+        console.print(f"[yellow]{plural(unserved, 'request')} found no healthy replica[/yellow]")
+
+
+def _tier_hits(tier: str) -> Callable[[RunSummary], float]:
+    return lambda s: s.hit_ratio_by_tier.get(tier, 0.0)

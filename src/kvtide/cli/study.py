@@ -13,16 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from kvtide.cli.simulate import (
+    JOBS,
     add_fleet_arguments,
-    make_console,
+    check_from_args,
+    check_writable,
     run_with_progress,
     scenario_from_args,
+    warn,
     write_text,
 )
+from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.cli.tiers_study import register_tiers
+from kvtide.display import DASH, points, seconds, signed
+from kvtide.sim.scenario import describe_tiers
+from kvtide.sim.settings import flag_type
 from kvtide.sim.study import DEFAULT_TRAFFIC, study_points, study_rows
 
 
@@ -55,17 +61,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the skewed-traffic workload (default: 8 Zipf(1.5) tenants, one bursting)",
     )
     coordinator.add_argument(
-        "--lag", type=float, default=1.0, metavar="S", help="event lag of the stale index (1 s)"
+        "--lag",
+        type=flag_type("event_delay_s"),
+        default=1.0,
+        metavar="S",
+        help="event lag of the stale index (1 s)",
     )
     coordinator.add_argument(
         "--loss",
-        type=float,
+        type=flag_type("event_loss"),
         default=0.01,
         metavar="P",
         help="event batch loss of the stale index (0.01)",
     )
     coordinator.add_argument("--json", type=Path, metavar="FILE", dest="json_path")
-    coordinator.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    coordinator.add_argument("--jobs", type=JOBS, default=min(2, os.cpu_count() or 1), metavar="N")
     coordinator.add_argument("--quiet", action="store_true", help="no progress bar")
     coordinator.set_defaults(func=run_coordinator, workload="builtin:tenants")
     register_tiers(studies)
@@ -74,11 +84,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run_coordinator(args: argparse.Namespace) -> int:
     base = scenario_from_args(args)
     traffic = {"uniform": args.uniform, "skewed": args.skewed}
-    points = study_points(base, traffic, args.lag, args.loss)
+    check_writable(args.json_path, "--json")
     console = make_console()
+    for spec in traffic.values():
+        warn(console, check_from_args(base.with_(workload=spec), args))
+    points = study_points(base, traffic, args.lag, args.loss)
     console.print(
-        f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}, "
-        f"{base.gpu_cache_tokens:,} KV tokens each, load {base.load}, seed {base.seed}"
+        f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}; "
+        f"KV per replica: {describe_tiers(base)}; load {base.load}, seed {base.seed}"
     )
     results = run_with_progress(
         [p.scenario for p in points],
@@ -99,39 +112,36 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
 
 def print_rows(console: Console, label: str, spec: str, rows: Sequence[dict[str, Any]]) -> None:
-    table = Table(title=f"{label} traffic ({spec}); losses against a fresh precise index")
-    for name in (
-        "design",
-        "state",
-        "hit ratio",
-        "TTFT p50",
-        "TTFT p99",
-        "imbalance",
-        "hit lost (pts)",
-        "p99 change",
-        "index precision",
-        "batches lost",
-    ):
-        table.add_column(name, justify="left" if name in ("design", "state") else "right")
+    columns = [
+        Column("hit\nratio", "hits"),
+        Column("hit change\n(points)", "hits"),
+        Column("TTFT\np50", "ttft"),
+        Column("TTFT\np99", "ttft"),
+        Column("p99\nchange", "ttft"),
+        Column("imbal-\nance", "fleet"),
+        Column("index\nprecision", "index"),
+        Column("batches\nlost", "index"),
+    ]
+    cells = []
     for r in rows:
         precision = r["index_precision"]
-        table.add_row(
-            r["design"],
-            r["state"],
-            f"{r['hit_ratio']:.1%}",
-            f"{r['ttft_p50_s']:.3f}",
-            f"{r['ttft_p99_s']:.3f}",
-            f"{r['load_imbalance']:.2f}",
-            _signed(r["hit_ratio_loss_points"], "{:+.1f}"),
-            _signed(r["ttft_p99_change"], "{:+.0%}"),
-            f"{precision:.2f}" if precision is not None and r["router"] != "chash" else "—",
-            f"{int(r['event_batches_lost'])}",
+        loss = r["hit_ratio_loss_points"]
+        cells.append(
+            [
+                r["design"],
+                r["state"],
+                f"{r['hit_ratio']:.1%}",
+                DASH if loss is None else signed(-loss, ".1f"),
+                f"{r['ttft_p50_s']:.3f}",
+                f"{r['ttft_p99_s']:.3f}",
+                DASH if r["ttft_p99_change"] is None else signed(r["ttft_p99_change"], ".0%"),
+                f"{r['load_imbalance']:.2f}",
+                f"{precision:.2f}" if precision is not None and r["router"] != "chash" else DASH,
+                f"{int(r['event_batches_lost']):,}",
+            ]
         )
-    console.print(table)
-
-
-def _signed(value: float | None, fmt: str) -> str:
-    return "—" if value is None else fmt.format(value)
+    title = f"{label} traffic ({spec}); changes against a fresh precise index"
+    print_table(console, title, [Column("design"), Column("state")], columns, cells)
 
 
 def findings(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -145,10 +155,12 @@ def findings(rows: Sequence[dict[str, Any]]) -> list[str]:
         for (router, state), r in group.items():
             if (router, state) == ("precise", "fresh"):
                 continue
+            hits = points(-r["hit_ratio_loss_points"], against="a fresh global index")
+            change = r["ttft_p99_change"]
+            p99 = DASH if change is None else signed(change, ".0%")
             out.append(
-                f"{traffic}: {router} ({state}) holds {r['hit_ratio']:.1%} hits "
-                f"({-r['hit_ratio_loss_points']:+.1f} points against a fresh global index), "
-                f"TTFT p99 {r['ttft_p99_s']:.2f} s ({r['ttft_p99_change']:+.0%}), "
+                f"{traffic}: {router} ({state}) holds {r['hit_ratio']:.1%} hits ({hits}), "
+                f"TTFT p99 {seconds(r['ttft_p99_s'])} ({p99}), "
                 f"imbalance {r['load_imbalance']:.2f}"
             )
     return out

@@ -11,9 +11,17 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from kvtide.cli.simulate import make_console, run_with_progress, validate_names, write_text
+from kvtide.cli.simulate import (
+    JOBS,
+    check_writable,
+    run_with_progress,
+    validate_names,
+    warn,
+    write_text,
+)
+from kvtide.cli.tables import Column, make_console, print_table
+from kvtide.display import count, number, plural
 from kvtide.errors import ConfigError
 from kvtide.sim.scenario import RunResult, Scenario
 from kvtide.sim.sweep import load_sweep, rows
@@ -25,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run a grid of simulations from a YAML file",
         description=(
             "Expands CONFIG.yaml (a 'base' of fixed settings and a 'grid' of lists: any "
-            "`kvtide simulate` setting, e.g. router, gpu_cache_tokens, replicas, load) into "
-            "every combination, runs each point, and writes one row per point."
+            "kvtide simulate setting, e.g. router, gpu_cache_tokens, replicas, load) into "
+            "every combination, runs each point, and writes one row per point. "
+            "examples/sweep.yaml in the repository shows the format."
         ),
     )
     parser.add_argument("config", type=Path, metavar="CONFIG.yaml")
@@ -42,36 +51,68 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--ray-address", metavar="ADDR", help="Ray cluster address (default: auto-detect)"
     )
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), metavar="N")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        dest="json_path",
+        help="the grid and every row as one JSON document",
+    )
+    parser.add_argument("--jobs", type=JOBS, default=min(2, os.cpu_count() or 1), metavar="N")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        check_writable(args.out, "--out")
+        format_rows([], args.out.suffix.lower())  # an unknown format, before any run
     points = load_sweep(args.config)
     scenarios = [p.scenario for p in points]
-    for scenario in scenarios:
+    for scenario in dict.fromkeys(scenarios):
         validate_names([scenario.router], scenario.eviction)
     console = make_console()
-    console.print(f"sweep: {len(points)} points from {args.config}")
+    warn(console, list(dict.fromkeys(w for p in points for w in p.warnings)))
+    console.print(f"sweep: {plural(len(points), 'point')} from {args.config}")
     results = execute(scenarios, args, console)
+    skipped = sum(int(r.diagnostics.get("skipped_requests", 0)) for r in results)
+    if skipped:
+        warn(console, [f"{skipped:,} request(s) longer than a replica's whole KV pool skipped"])
     table_rows = rows(points, results)
     keys = list(points[0].values) if points else []
-    table = Table()
-    for key in [*keys, "TTFT p50", "TTFT p99", "hit ratio", "imbalance"]:
-        table.add_column(key, justify="right")
-    for r in table_rows:
-        table.add_row(
-            *(str(r[k]) for k in keys),
-            f"{r['ttft_p50_s']:.3f}",
-            f"{r['ttft_p99_s']:.3f}",
-            f"{r['hit_ratio']:.1%}",
-            f"{r['load_imbalance']:.2f}",
-        )
-    console.print(table)
+    metrics = [
+        (Column("TTFT\np50"), "ttft_p50_s", ".3f"),
+        (Column("TTFT\np99"), "ttft_p99_s", ".3f"),
+        (Column("TPOT\np50"), "tpot_p50_s", ".4f"),
+        (Column("hit\nratio"), "hit_ratio", ".1%"),
+        (Column("imbal-\nance"), "load_imbalance", ".2f"),
+    ]
+    cells = [
+        [*(_cell(r[k]) for k in keys), *(number(_float(r[k]), spec) for _, k, spec in metrics)]
+        for r in table_rows
+    ]
+    header = [Column(k.replace("_", " ")) for k in keys]
+    print_table(
+        console, "one row per point; times in seconds", header, [c for c, *_ in metrics], cells
+    )
     if args.out is not None:
         write_text(args.out, format_rows(table_rows, args.out.suffix.lower()))
+    if args.json_path is not None:
+        doc = {"config": str(args.config), "grid": keys, "rows": table_rows}
+        write_text(args.json_path, json.dumps(doc, indent=2) + "\n")
     return 0
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int) and abs(value) >= 1000:
+        return count(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def execute(

@@ -173,6 +173,9 @@ class GpuSpec:
     """The local NVMe read rate available to this GPU (its share of the node's drives)."""
     network_bytes_per_s: float
     """The RDMA NIC rate available to this GPU."""
+    memory_bytes: float | None = None
+    """Device memory (HBM or GDDR) as the datasheet states it; ``None``: unknown, so nothing
+    checks that weights and KV fit."""
 
     def __post_init__(self) -> None:
         for field_name in (
@@ -186,6 +189,9 @@ class GpuSpec:
             value = getattr(self, field_name)
             if not isinstance(value, int | float) or not value > 0 or value == float("inf"):
                 raise ConfigError(f"gpu {self.name!r}: {field_name} must be a positive number")
+        memory = self.memory_bytes
+        if memory is not None and not (isinstance(memory, int | float) and 0 < memory < 1e15):
+            raise ConfigError(f"gpu {self.name!r}: memory_bytes must be a positive number")
 
 
 # PCIe payload rate per direction of an x16 link: lanes × GT/s × 128b/130b encoding / 8 bits.
@@ -202,21 +208,32 @@ _NIC_200G = 200e9 / 8
 
 GPU_PRESETS: Mapping[str, GpuSpec] = {
     # NVIDIA H100 SXM5 datasheet: BF16 1,979 TFLOPS with 2:4 sparsity (989.4 dense), HBM3 3.35 TB/s.
-    "h100": GpuSpec("h100", 989.4e12, 3.35e12, _PCIE5_X16, _PCIE5_X16, _NVME_PER_GPU, _NIC_400G),
+    # Memory: 80 GB (HBM3), as for the A100 80GB, A800 and H800 below; H200 141 GB; L40S 48 GB.
+    "h100": GpuSpec(
+        "h100", 989.4e12, 3.35e12, _PCIE5_X16, _PCIE5_X16, _NVME_PER_GPU, _NIC_400G, 80e9
+    ),
     # NVIDIA H200 SXM datasheet: same GH100 compute as H100, HBM3e 4.8 TB/s.
-    "h200": GpuSpec("h200", 989.4e12, 4.8e12, _PCIE5_X16, _PCIE5_X16, _NVME_PER_GPU, _NIC_400G),
+    "h200": GpuSpec(
+        "h200", 989.4e12, 4.8e12, _PCIE5_X16, _PCIE5_X16, _NVME_PER_GPU, _NIC_400G, 141e9
+    ),
     # NVIDIA A100 80GB SXM4 datasheet: BF16 312 TFLOPS dense, HBM2e 2,039 GB/s, PCIe Gen4.
-    "a100": GpuSpec("a100", 312e12, 2.039e12, _PCIE4_X16, _PCIE4_X16, _NVME_PER_GPU, _NIC_200G),
+    "a100": GpuSpec(
+        "a100", 312e12, 2.039e12, _PCIE4_X16, _PCIE4_X16, _NVME_PER_GPU, _NIC_200G, 80e9
+    ),
     # A800 80GB SXM4: the A100 with NVLink cut to 400 GB/s; compute and HBM unchanged.
     # Network: Mooncake's A800 nodes (FAST'25 §8) carry 4 × 200 Gb/s RDMA NICs for 8 GPUs.
     "a800": GpuSpec(
-        "a800", 312e12, 2.039e12, _PCIE4_X16, _PCIE4_X16, _NVME_PER_GPU, 4 * _NIC_200G / 8
+        "a800", 312e12, 2.039e12, _PCIE4_X16, _PCIE4_X16, _NVME_PER_GPU, 4 * _NIC_200G / 8, 80e9
     ),
     # H800 SXM5: the H100 with NVLink cut to 400 GB/s; compute and HBM3 3.35 TB/s unchanged.
-    "h800": GpuSpec("h800", 989.4e12, 3.35e12, _PCIE5_X16, _PCIE5_X16, _NVME_PER_GPU, _NIC_400G),
+    "h800": GpuSpec(
+        "h800", 989.4e12, 3.35e12, _PCIE5_X16, _PCIE5_X16, _NVME_PER_GPU, _NIC_400G, 80e9
+    ),
     # NVIDIA L40S datasheet: BF16 362.05 TFLOPS dense (733 sparse), GDDR6 864 GB/s, PCIe Gen4 x16.
     # No NVLink; the NIC share per GPU is an assumption (200 Gb/s), not a datasheet value.
-    "l40s": GpuSpec("l40s", 362.05e12, 864e9, _PCIE4_X16, _PCIE4_X16, _NVME_PER_GPU, _NIC_200G),
+    "l40s": GpuSpec(
+        "l40s", 362.05e12, 864e9, _PCIE4_X16, _PCIE4_X16, _NVME_PER_GPU, _NIC_200G, 48e9
+    ),
 }
 
 # Hugging Face config.json values of the published checkpoints (meta-llama/Meta-Llama-3-8B,

@@ -257,7 +257,7 @@ class EngineApp:
 
     async def _unary(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
         texts: list[str] = []
-        stop = _StopMatcher(gen.stop)
+        stop = StopMatcher(gen.stop)
         while True:
             new = await stream.take()
             texts.extend(new)
@@ -277,7 +277,7 @@ class EngineApp:
 
     async def _stream(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
         frame = _Frames(gen.kind, rid, epoch_s(), self._model_json)
-        stop = _StopMatcher(gen.stop)
+        stop = StopMatcher(gen.stop)
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         if gen.kind == "chat":
             await _body(send, frame.role())
@@ -382,7 +382,7 @@ def _finish(stream: RequestStream) -> str:
     return "length" if reason is None else reason
 
 
-class _StopMatcher:
+class StopMatcher:
     """Stop strings over the text generated so far; the text ends before the first match."""
 
     __slots__ = ("active", "matched", "stops", "text")

@@ -9,14 +9,14 @@ ManualClock; here the wake-up is a ``loop.call_later`` timer on the wall clock (
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from kvtide.clock import ScaledClock
 from kvtide.core.hashing import BlockHashes, Namespace, hash_tokens
 from kvtide.engine.driver import EngineDriver, StepOutput
-from kvtide.engine.scheduler import Scheduler
+from kvtide.engine.scheduler import RequestRecord, Scheduler
 from kvtide.engine_server.kv_publisher import EnginePublisher
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.engine_server.stream import RequestStream
@@ -93,8 +93,12 @@ class EmulatedEngine:
         model_name: str,
         filler: Sequence[str],
         publisher: EnginePublisher | None = None,
+        on_record: Callable[[RequestRecord], None] = lambda record: None,
     ) -> None:
+        """``on_record`` receives each finished request's record on the engine's clock (what
+        the simulator's metrics read), for tests and diagnosis."""
         self.driver = driver
+        self.on_record = on_record
         self.scheduler: Scheduler = driver.scheduler
         self.clock = clock
         self.metrics = metrics
@@ -119,11 +123,7 @@ class EmulatedEngine:
         """Fraction of the KV pool held by requests (cached but unreferenced blocks count as
         free, as in vLLM's ``kv_cache_usage_perc``)."""
         cache = self.scheduler.cache
-        return (
-            1.0
-            - (cache.pool.num_free + getattr(cache, "num_evictable_blocks", 0))
-            / cache.capacity_blocks
-        )
+        return 1.0 - (cache.pool.num_free + cache.num_evictable_blocks) / cache.capacity_blocks
 
     @property
     def num_waiting(self) -> int:
@@ -201,6 +201,8 @@ class EmulatedEngine:
             if out.is_first_token:
                 stream.first_token(out.cached_tokens)
             stream.push(filler[(out.num_generated - 1) % k])
+            if out.record is not None:
+                self.on_record(out.record)
             if out.finish_reason is not None:
                 self._end(stream, out.finish_reason)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,8 +233,20 @@ def _events_line(built: Built) -> str:
     return f"; KV events on {pub.bound_endpoint} (replay {pub.bound_replay_endpoint})"
 
 
+def check_port(host: str, port: int) -> None:
+    """A ConfigError naming the flag when ``host:port`` cannot be bound (Granian would panic
+    with a Rust backtrace instead)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"--port: cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def run(config: ServerConfig) -> None:
     import uvloop
 
+    check_port(config.host, config.port)
     server = EngineServer(config)  # bad flags fail here, before any socket is served
     uvloop.run(server.serve())

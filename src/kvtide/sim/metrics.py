@@ -18,6 +18,8 @@ from kvtide.engine.scheduler import RequestRecord
 
 @dataclass(frozen=True, slots=True)
 class Percentiles:
+    """NaN throughout when there was nothing to measure."""
+
     mean: float
     p50: float
     p90: float
@@ -26,13 +28,15 @@ class Percentiles:
     @classmethod
     def of(cls, values: Sequence[float] | np.ndarray) -> Percentiles:
         arr = np.asarray(values, dtype=np.float64)
-        if arr.size == 0:
-            return cls(0.0, 0.0, 0.0, 0.0)
+        if arr.size == 0:  # nothing to measure (TPOT when no request decodes): not a zero
+            return cls(math.nan, math.nan, math.nan, math.nan)
         p50, p90, p99 = np.percentile(arr, [50, 90, 99])
         return cls(float(arr.mean()), float(p50), float(p90), float(p99))
 
-    def to_json(self) -> dict[str, float]:
-        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+    def to_json(self) -> dict[str, float | None]:
+        """``None`` for a metric that does not apply (JSON has no NaN)."""
+        values = {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+        return {k: None if math.isnan(v) else v for k, v in values.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +94,13 @@ class FleetSample:
 class TimeSeries:
     """Per-window values, window i ending at ``times_s[i]``."""
 
+    start_s: float = 0.0
+    """When the first window starts (the first arrival): plots count time from here."""
     times_s: list[float] = field(default_factory=list)
     hit_ratio: list[float] = field(default_factory=list)
     """NaN for a window in which no request was admitted."""
+    admitted_tokens: list[int] = field(default_factory=list)
+    """Prompt tokens admitted in each window: the weight of its hit ratio."""
     evictions_per_s: list[float] = field(default_factory=list)
     replica_busy: list[list[float]] = field(default_factory=list)
     """Per replica, the fraction of each window it spent computing."""
@@ -115,9 +123,9 @@ class MetricsCollector:
 
     def series(self) -> TimeSeries:
         samples = self.samples
-        out = TimeSeries()
         if len(samples) < 2:
-            return out
+            return TimeSeries()
+        out = TimeSeries(start_s=samples[0].time_s)
         num_replicas = len(samples[0].busy_s)
         out.replica_busy.extend([] for _ in range(num_replicas))
         out.replica_queued.extend([] for _ in range(num_replicas))
@@ -129,6 +137,7 @@ class MetricsCollector:
             prompt = cur.prompt_tokens - prev.prompt_tokens
             hits = cur.hit_tokens - prev.hit_tokens
             out.hit_ratio.append(hits / prompt if prompt else math.nan)  # nothing admitted
+            out.admitted_tokens.append(prompt)
             out.evictions_per_s.append((cur.evicted_blocks - prev.evicted_blocks) / span)
             for i in range(num_replicas):
                 out.replica_busy[i].append(min(1.0, (cur.busy_s[i] - prev.busy_s[i]) / span))
@@ -151,7 +160,9 @@ class MetricsCollector:
         prompt = np.fromiter((r.prompt_tokens for r in records), np.int64, len(records))
         output = np.fromiter((r.output_tokens for r in records), np.int64, len(records))
         prefill = sum(r.prefill_tokens for r in records)
-        multi = output > 1
+        # TPOT applies to requests that decoded past their first token: not to one-token
+        # outputs, nor to a prefill-only pool whose requests end at the first token.
+        multi = (output > 1) & (finish > first)
         tpot = (finish[multi] - first[multi]) / (output[multi] - 1)
         total_prompt = int(prompt.sum())
         span = float(finish.max() - arrival.min()) if records else 0.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +17,9 @@ import numpy as np
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig
 from kvtide.costs.cost_model import CostModel
+from kvtide.costs.memory import memory_fit
 from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.display import tokens
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError
@@ -27,15 +29,17 @@ from kvtide.routing.specs import build_policy, needs_index
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import RunSummary, TimeSeries
+from kvtide.sim.settings import check_pools
 from kvtide.types import Request
 from kvtide.workloads import open_workload
+from kvtide.workloads.oversized import OversizedRequests
 
 DEFAULT_EVICTION: str = next(
     f.default for f in dataclasses.fields(CacheConfig) if f.name == "policy"
 )  # type: ignore[assignment]
 """The cache core's default eviction policy."""
 NUM_WINDOWS = 120
-"""Time-series windows per run."""
+"""Time-series windows per run: a run keeps between this many and twice as many samples."""
 NUM_CDF_POINTS = 200
 
 
@@ -95,6 +99,8 @@ class PreparedWorkload:
     requests: tuple[Request, ...]
     block_tokens: int
     description: dict[str, object]
+    skipped: tuple[str, ...] = ()
+    """One line per request left out for being longer than a replica's whole KV pool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +131,18 @@ def prepare(scenario: Scenario) -> PreparedWorkload:
         time_scale=scenario.time_scale,
         seed=scenario.seed,
     )
-    requests = tuple(workload)
-    if not requests:
-        raise ConfigError(f"workload {scenario.workload} has no requests")
     block_tokens = scenario.block_tokens or workload.block_tokens
+    pool_tokens = scenario.gpu_cache_tokens // block_tokens * block_tokens
+    oversized = OversizedRequests(
+        pool_tokens, block_tokens, True, f"GPU cache of {pool_tokens:,} tokens per replica"
+    )
+    requests = tuple(r for i, r in enumerate(workload) if oversized.keep(i, r))
+    skipped = tuple(oversized.report(workload))
+    if not requests:
+        if skipped:
+            example = skipped[0].removesuffix("; skipped")
+            raise ConfigError(f"every request is too long, as the first: {example}")
+        raise ConfigError(f"workload {scenario.workload} has no requests")
     span_s = requests[-1].arrival_s - requests[0].arrival_s
     model = cost_model(scenario)
     work_s = sum(model.prefill_time(r.prompt_tokens) for r in requests)
@@ -156,7 +170,50 @@ def prepare(scenario: Scenario) -> PreparedWorkload:
         "output_tokens_mean": float(np.mean([r.output_tokens for r in requests])),
         "block_tokens": block_tokens,
     }
-    return PreparedWorkload(requests, block_tokens, description)
+    description["skipped_requests"] = len(oversized.skipped)
+    return PreparedWorkload(requests, block_tokens, description, skipped)
+
+
+def check_scenario(
+    scenario: Scenario, name_of: Callable[[str], str], *, kv_given: bool = True
+) -> list[str]:
+    """What can be checked before a run, without reading the workload: outages of replicas
+    that exist, pools the simulator can hold, weights and KV that fit the GPUs. Raises a
+    ConfigError naming the setting (``name_of(key)``: a flag or a YAML key); returns warnings.
+
+    A KV pool that does not fit beside the weights is an error when it is the default
+    (``kv_given`` false) and a warning when the user asked for it: they may mean it."""
+    for outage in scenario.outages:
+        if outage.replica >= scenario.replicas:
+            raise ConfigError(
+                f"{name_of('outages')}: replica {outage.replica} does not exist (the fleet has "
+                f"replicas 0 to {scenario.replicas - 1})"
+            )
+    block_tokens = scenario.block_tokens or open_workload(scenario.workload).block_tokens
+    check_pools(
+        {
+            "gpu_cache_tokens": scenario.gpu_cache_tokens,
+            "host_cache_tokens": scenario.host_cache_tokens,
+            "disk_cache_tokens": scenario.disk_cache_tokens,
+        },
+        block_tokens,
+        name_of,
+    )
+    fit = memory_fit(cost_model(scenario), scenario.gpu_cache_tokens)
+    if not fit.weights_fit:
+        raise ConfigError(
+            f"{name_of('model')}: {fit.describe()}: the weights alone do not fit; raise "
+            f"{name_of('tp')}"
+        )
+    if fit.fits:
+        return []
+    problem = (
+        f"{name_of('gpu_cache_tokens')}: {fit.describe()}: the KV pool does not fit beside "
+        f"the weights (at most {fit.max_kv_tokens:,} tokens)"
+    )
+    if not kv_given:
+        raise ConfigError(f"{problem}; give a smaller {name_of('gpu_cache_tokens')}")
+    return [f"{problem}; simulated as given"]
 
 
 def describe_setup(scenario: Scenario) -> dict[str, object]:
@@ -182,6 +239,19 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
     }
 
 
+def describe_tiers(scenario: Scenario) -> str:
+    """Every KV tier of a replica with its size: ``GPU 256k tokens + host 1M tokens
+    (seen-twice) + disk 4M tokens``; run headers and reports name them all."""
+    parts = [f"GPU {tokens(scenario.gpu_cache_tokens)}"]
+    if scenario.host_cache_tokens:
+        admission = scenario.host_admission
+        filtered = f" ({admission})" if admission != "none" else ""
+        parts.append(f"host {tokens(scenario.host_cache_tokens)}{filtered}")
+    if scenario.disk_cache_tokens:
+        parts.append(f"disk {tokens(scenario.disk_cache_tokens)}")
+    return " + ".join(parts)
+
+
 def network_transfer_s(model: CostModel, tokens: int) -> float:
     """Seconds to ship ``tokens`` tokens of KV between two instances over their NICs (each
     tensor-parallel rank sends its shard over its own NIC share, in parallel)."""
@@ -203,7 +273,7 @@ def run(
     loop = EventLoop(clock)
     hasher = RequestHasher(block_tokens, scenario.model)
     capacity_blocks = scenario.gpu_cache_tokens // block_tokens
-    span_s = max(requests[-1].arrival_s - requests[0].arrival_s, 1e-9)
+    span_s = requests[-1].arrival_s - requests[0].arrival_s
     config = FleetConfig(
         num_replicas=scenario.replicas,
         capacity_blocks=capacity_blocks,
@@ -226,7 +296,7 @@ def run(
             )
             for o in scenario.outages
         ),
-        sample_interval_s=span_s / NUM_WINDOWS,
+        sample_interval_s=expected_duration_s(scenario, requests, model) / NUM_WINDOWS,
     )
     index = (
         GlobalPrefixIndex(scenario.replicas * capacity_blocks)
@@ -256,7 +326,9 @@ def run(
     )
     feed = _Feed(iter(requests), fleet, loop)
     feed.schedule_next()
-    sampler = _Sampler(fleet, loop, config.sample_interval_s, requests[0].arrival_s, span_s)
+    sampler = _Sampler(
+        fleet, loop, config.sample_interval_s, requests[0].arrival_s, max(span_s, 1e-9)
+    )
     sampler.progress = progress
     sampler.start()
     loop.run()
@@ -279,8 +351,17 @@ def run(
         loop.num_events,
         len(fleet.unserved),
         clock.now() - requests[0].arrival_s,
-        _diagnostics(fleet),
+        {**_diagnostics(fleet), "skipped_requests": len(prepared.skipped)},
     )
+
+
+def expected_duration_s(scenario: Scenario, requests: Sequence[Request], model: CostModel) -> float:
+    """A first guess at the simulated seconds, to size the sampling interval: the arrival
+    span, or the prefill work spread over the replicas when that is longer (all requests at
+    one instant have no span at all). The sampler widens its interval if the run outlasts it."""
+    span_s = requests[-1].arrival_s - requests[0].arrival_s
+    work_s = sum(model.prefill_time(r.prompt_tokens) for r in requests) / scenario.replicas
+    return max(span_s, work_s, 1e-3)
 
 
 def _shifted(window: tuple[float, float] | None, start_s: float) -> tuple[float, float] | None:
@@ -330,7 +411,12 @@ class _Feed:
 
 
 class _Sampler:
-    """Samples the fleet's counters every ``interval_s`` while anything is left to happen."""
+    """Samples the fleet's counters every ``interval_s`` while anything is left to happen.
+
+    The interval is a guess (``expected_duration_s``); a run that outlasts it would tick
+    without bound, so at ``2 * NUM_WINDOWS`` samples the sampler drops every other one and
+    doubles its interval. The samples are cumulative counters, so dropping one merges two
+    windows exactly; a run samples O(NUM_WINDOWS * log(duration / guess)) times."""
 
     __slots__ = ("fleet", "interval_s", "loop", "progress", "span_s", "start_s")
 
@@ -348,7 +434,11 @@ class _Sampler:
         self.loop.at(self.start_s, self._tick)
 
     def _tick(self, _: object = None) -> None:
-        self.fleet.metrics.sample(self.fleet.sample())
+        samples = self.fleet.metrics.samples
+        samples.append(self.fleet.sample())
+        if len(samples) >= 2 * NUM_WINDOWS:
+            del samples[1::2]  # keeps the first (the run's start) and every other one
+            self.interval_s *= 2
         if self.progress is not None:
             self.progress(min(1.0, (self.loop.clock.now() - self.start_s) / self.span_s))
         if len(self.loop):  # something else is still scheduled

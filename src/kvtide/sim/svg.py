@@ -1,9 +1,13 @@
-"""Small inline-SVG charts (line charts and heatmaps) for a self-contained HTML report."""
+"""Small inline-SVG charts (line charts and heatmaps) for a self-contained HTML report.
+
+Every chart scales to the width of the page (a ``viewBox`` and ``width="100%"``), draws ticks and
+labels on both axes, and is a pure function of its data, so the same run gives the same bytes.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -19,8 +23,13 @@ PALETTE = (
     "#7f7f7f",
     "#bcbd22",
 )
-WIDTH, HEIGHT = 640, 300
-LEFT, RIGHT, TOP, BOTTOM = 64, 150, 16, 44
+WIDTH, HEIGHT = 960, 380
+LEFT, RIGHT, TOP, BOTTOM = 72, 200, 14, 52
+FONT = 'font-family="sans-serif" font-size="13"'
+
+# A sequential white-to-dark-blue scale ("Blues", ColorBrewer, Harrower & Brewer 2003): even
+# steps in value read as even steps in lightness, which a two-colour threshold does not give.
+_BLUES = ((247, 251, 255), (198, 219, 239), (107, 174, 214), (33, 113, 181), (8, 48, 107))
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,28 +39,53 @@ class Line:
     ys: Sequence[float]
     dashed: bool = False
     points_only: bool = False
+    """Markers only (a measurement at one x), no line."""
+    markers: bool = False
+    """A marker at every point, on the line (a curve measured at a few x)."""
+    faint: bool = False
+    """Thin and pale, behind the others and not in the legend: the raw series a smoothed line
+    of the same colour summarises."""
+    offset_px: float = 0.0
+    """Horizontal shift of a ``points_only`` line's markers, so measurements at one x (several
+    routers at the fleet's capacity) sit side by side instead of hiding each other."""
+    color: str | None = None
+    """An SVG colour; by default the palette's, by the line's position among the lines that
+    are neither faint nor coloured."""
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def nice_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
+    """Round tick values (steps of 1, 2, 2.5 or 5 times a power of ten) covering [lo, hi]."""
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw), default=raw)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+    first = math.ceil(lo / step - 1e-9) * step
+    count = int((hi - first) / step + 1e-9) + 1
+    return [round(first + i * step, 12) for i in range(count)]
 
 
-def _fmt(v: float) -> str:
+def fmt_number(v: float) -> str:
     if v == 0:
         return "0"
     if abs(v) >= 1000:
         return f"{v:,.0f}"
     if abs(v) >= 10:
-        return f"{v:.0f}"
+        return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
     if abs(v) >= 1:
-        return f"{v:.1f}".rstrip("0").rstrip(".")
+        return f"{v:.2f}".rstrip("0").rstrip(".")
     return f"{v:.3g}"
+
+
+def _percent(v: float) -> str:
+    return f"{v:.1%}".replace(".0%", "%")
+
+
+def _open(height: float) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height:.0f}" '
+        f'width="100%" preserveAspectRatio="xMinYMin meet" {FONT}>'
+    )
 
 
 def line_chart(
@@ -60,25 +94,29 @@ def line_chart(
     x_label: str,
     y_label: str,
     log_x: bool = False,
+    x_min: float | None = None,
+    x_max: float | None = None,
     y_min: float | None = 0.0,
     y_max: float | None = None,
     y_percent: bool = False,
+    x_format: Callable[[float], str] = fmt_number,
+    legend_note: Sequence[str] = (),
 ) -> str:
-    """An SVG line chart; a legend on the right names each line."""
+    """An SVG line chart with a legend on the right (``legend_note``: lines of grey text under
+    its entries). ``y_min=None`` fits the y range to the data (with a margin) so that small
+    differences between lines show."""
     xs = [x for line in lines for x in line.xs if not log_x or x > 0]
-    ys = [y for line in lines for y in line.ys if not math.isnan(y)]
+    # The y range follows the lines that are not faint: a faint raw series is clipped to it.
+    ranged = [line for line in lines if not line.faint] or lines
+    ys = [y for line in ranged for y in line.ys if not math.isnan(y)]
     if not xs or not ys:
         return "<p><em>no data</em></p>"
-    fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
-    x0, x1 = fx(min(xs)), fx(max(xs))
+    fx: Callable[[float], float] = math.log10 if log_x else (lambda v: v)
+    x0 = fx(min(xs) if x_min is None else x_min)
+    x1 = fx(max(xs) if x_max is None else x_max)
     if x1 <= x0:
         x1 = x0 + 1
-    lo = min(ys) if y_min is None else y_min
-    hi = max(ys) if y_max is None else y_max
-    if hi <= lo:
-        hi = lo + 1
-    if y_max is None:  # round the top up to a tick, leaving the highest line some room
-        hi = next((t for t in _ticks(lo, hi * 1.05) if t >= hi * 1.02), hi * 1.05)
+    lo, hi = _y_range(ys, y_min, y_max)
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def px(v: float) -> float:
@@ -88,102 +126,212 @@ def line_chart(
         return TOP + ph - (min(max(v, lo), hi) - lo) / (hi - lo) * ph
 
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="11">',
+        _open(HEIGHT),
         f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>',
     ]
-    for t in _ticks(lo, hi):
+    for t in nice_ticks(lo, hi, 5):
         y = py(t)
-        label = f"{t:.0%}" if y_percent else _fmt(t)
+        label = _percent(t) if y_percent else fmt_number(t)
         out.append(
-            f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-            f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
+            f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>'
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
         )
-    if log_x:
-        steps = (1, 2, 5) if x1 - x0 < 3 else (1,)
-        decades = range(math.floor(x0), math.ceil(x1) + 1)
-        xticks = [m * 10.0**e for e in decades for m in steps]
-        xticks = [t for t in xticks if x0 - 1e-9 <= math.log10(t) <= x1 + 1e-9]
-    else:
-        xticks = _ticks(x0, x1)
-    for t in xticks:
+    for t in _x_ticks(x0, x1, log_x):
         x = px(t)
         out.append(
-            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="#eee"/>'
-            f'<text x="{x:.1f}" y="{TOP + ph + 14}" text-anchor="middle">{_fmt(t)}</text>'
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="#e4e4e4"/>'
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP + ph}" y2="{TOP + ph + 5}" stroke="#666"/>'
+            f'<text x="{x:.1f}" y="{TOP + ph + 19}" text-anchor="middle">{x_format(t)}</text>'
         )
     out.append(
-        f'<text x="{LEFT + pw / 2}" y="{HEIGHT - 8}" text-anchor="middle">{escape(x_label)}</text>'
-        f'<text transform="translate(14,{TOP + ph / 2}) rotate(-90)" text-anchor="middle">'
+        f'<text x="{LEFT + pw / 2}" y="{HEIGHT - 10}" text-anchor="middle">{escape(x_label)}</text>'
+        f'<text transform="translate(16,{TOP + ph / 2}) rotate(-90)" text-anchor="middle">'
         f"{escape(y_label)}</text>"
     )
-    for i, line in enumerate(lines):
-        color = PALETTE[i % len(PALETTE)]
-        # A NaN value breaks the line: nothing was measured there.
-        runs: list[list[tuple[float, float]]] = [[]]
-        for x, y in zip(line.xs, line.ys, strict=False):
-            if math.isnan(y) or (log_x and x <= 0):
-                runs.append([])
-            else:
-                runs[-1].append((px(x), py(y)))
-        dash = ' stroke-dasharray="5,3"' if line.dashed else ""
-        for run in runs:
-            if line.points_only:
-                out.extend(
-                    f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{color}"/>' for x, y in run
-                )
-            elif run:
-                path = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
-                out.append(
-                    f'<polyline points="{path}" fill="none" stroke="{color}" '
-                    f'stroke-width="1.6"{dash}/>'
-                )
-        ly = TOP + 12 + 16 * i
+    # Faint lines first, so the lines that summarise them are drawn over them.
+    order = sorted(range(len(lines)), key=lambda i: not lines[i].faint)
+    colors = _colors(lines)
+    for i in order:
+        out.extend(_draw(lines[i], colors[i], px, py, log_x))
+    legend = [(line, colors[i]) for i, line in enumerate(lines) if not line.faint]
+    for k, (line, color) in enumerate(legend):
+        ly = TOP + 14 + 20 * k
+        lx = WIDTH - RIGHT + 14
+        dash = ' stroke-dasharray="6,4"' if line.dashed else ""
+        if line.points_only:
+            out.append(f'<circle cx="{lx + 11}" cy="{ly - 4}" r="5" fill="{color}"/>')
+        else:
+            out.append(
+                f'<line x1="{lx}" x2="{lx + 22}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color}" '
+                f'stroke-width="3"{dash}/>'
+            )
+        out.append(f'<text x="{lx + 28}" y="{ly}">{escape(line.label)}</text>')
+    for k, note in enumerate(legend_note):
+        ny = TOP + 14 + 20 * len(legend) + 8 + 17 * k
         out.append(
-            f'<line x1="{WIDTH - RIGHT + 10}" x2="{WIDTH - RIGHT + 28}" y1="{ly - 4}" '
-            f'y2="{ly - 4}" stroke="{color}" stroke-width="3"/>'
-            f'<text x="{WIDTH - RIGHT + 32}" y="{ly}">{escape(line.label)}</text>'
+            f'<text x="{WIDTH - RIGHT + 14}" y="{ny}" fill="#555" font-size="12">'
+            f"{escape(note)}</text>"
         )
     out.append("</svg>")
     return "".join(out)
 
 
-def heatmap(rows: Sequence[Sequence[float]], row_labels: Sequence[str], *, x_label: str) -> str:
-    """Rows of values in [0, 1] (one per replica) as a white-to-blue grid."""
-    if not rows or not rows[0]:
+def _y_range(ys: Sequence[float], y_min: float | None, y_max: float | None) -> tuple[float, float]:
+    if y_min is None:  # fitted to the data, a tenth of its spread as a margin, on round ticks
+        lo, hi = min(ys), max(ys) if y_max is None else y_max
+        spread = max(hi - lo, abs(hi) * 0.02, 1e-9)
+        ticks = nice_ticks(lo - spread * 0.1, hi + spread * 0.1, 5)
+        step = ticks[1] - ticks[0] if len(ticks) > 1 else spread
+        lo = math.floor((lo - spread * 0.1) / step) * step
+        if min(ys) >= 0:
+            lo = max(lo, 0.0)
+        if y_max is None:
+            hi = math.ceil((hi + spread * 0.1) / step) * step
+        return lo, hi
+    lo = y_min
+    hi = max(ys) if y_max is None else y_max
+    if y_max is None:  # round the top up to a tick, leaving the highest line some room
+        hi = next((t for t in nice_ticks(lo, hi * 1.05) if t >= hi * 1.02), hi * 1.05)
+    return (lo, hi) if hi > lo else (lo, lo + 1)
+
+
+def _x_ticks(x0: float, x1: float, log_x: bool) -> list[float]:
+    if not log_x:
+        return nice_ticks(x0, x1, 8)
+    steps = (1, 2, 5) if x1 - x0 < 3 else (1,)
+    decades = range(math.floor(x0), math.ceil(x1) + 1)
+    ticks = [m * 10.0**e for e in decades for m in steps]
+    return [t for t in ticks if x0 - 1e-9 <= math.log10(t) <= x1 + 1e-9]
+
+
+def _colors(lines: Sequence[Line]) -> list[str]:
+    out = []
+    k = 0
+    for line in lines:
+        out.append(line.color or PALETTE[k % len(PALETTE)])
+        if not line.faint and line.color is None:
+            k += 1
+    return out
+
+
+def _draw(
+    line: Line,
+    color: str,
+    px: Callable[[float], float],
+    py: Callable[[float], float],
+    log_x: bool,
+) -> list[str]:
+    # A NaN value breaks the line: nothing was measured there.
+    runs: list[list[tuple[float, float]]] = [[]]
+    for x, y in zip(line.xs, line.ys, strict=False):
+        if math.isnan(y) or (log_x and x <= 0):
+            runs.append([])
+        else:
+            runs[-1].append((px(x) + (line.offset_px if line.points_only else 0.0), py(y)))
+    out = []
+    dash = ' stroke-dasharray="6,4"' if line.dashed else ""
+    style = 'stroke-width="1" stroke-opacity="0.15"' if line.faint else 'stroke-width="2"'
+    for run in runs:
+        if not line.points_only and len(run) > 1:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
+            out.append(f'<polyline points="{path}" fill="none" stroke="{color}" {style}{dash}/>')
+        if line.points_only or line.markers or (len(run) == 1 and not line.faint):
+            radius = 5 if line.points_only else 3.5
+            out.extend(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius}" fill="{color}" '
+                'stroke="white" stroke-width="1"/>'
+                for x, y in run
+            )
+    return out
+
+
+def shade(value: float) -> str:
+    """The colour of ``value`` in [0, 1] on the sequential scale (clamped)."""
+    v = min(max(value, 0.0), 1.0) * (len(_BLUES) - 1)
+    i = min(int(v), len(_BLUES) - 2)
+    f = v - i
+    a, b = _BLUES[i], _BLUES[i + 1]
+    r, g, bl = (round(a[k] + (b[k] - a[k]) * f) for k in range(3))
+    return f"#{r:02x}{g:02x}{bl:02x}"
+
+
+def heatmap(
+    rows: Sequence[Sequence[float]],
+    row_labels: Sequence[str],
+    *,
+    ends_s: Sequence[float],
+    x_max: float,
+    x_label: str,
+    scale_label: str,
+) -> str:
+    """Rows of values in [0, 1] (one per replica) over time, cell c covering the window that
+    ends at ``ends_s[c]`` (seconds from the start); a colour scale with ticks on the right."""
+    if not rows or not rows[0] or not ends_s:
         return "<p><em>no data</em></p>"
-    n_cols = len(rows[0])
-    cell_h = max(4.0, min(14.0, 220.0 / len(rows)))
+    cell_h = max(5.0, min(28.0, 260.0 / len(rows)))
     pw = WIDTH - LEFT - RIGHT
-    cell_w = pw / n_cols
-    height = TOP + cell_h * len(rows) + BOTTOM
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height:.0f}" '
-        f'width="{WIDTH}" height="{height:.0f}" font-family="sans-serif" font-size="10">'
-    ]
+    plot_h = cell_h * len(rows)
+    legend_h = max(plot_h - 24, 80.0)
+    height = TOP + max(plot_h, legend_h + 24) + BOTTOM
+    span = max(x_max, ends_s[-1], 1e-9)
+
+    def px(t: float) -> float:
+        return LEFT + t / span * pw
+
+    out = [_open(height)]
     for r, row in enumerate(rows):
         y = TOP + r * cell_h
-        if len(rows) <= 32 or r % 4 == 0:
+        if len(rows) <= 24 or r % math.ceil(len(rows) / 24) == 0:
             out.append(
-                f'<text x="{LEFT - 4}" y="{y + cell_h * 0.8:.1f}" text-anchor="end">'
+                f'<text x="{LEFT - 6}" y="{y + cell_h * 0.5 + 4:.1f}" text-anchor="end">'
                 f"{escape(row_labels[r])}</text>"
             )
-        for c, v in enumerate(row):
-            shade = int(255 - 200 * min(max(v, 0.0), 1.0))
+        start = 0.0
+        for end, v in zip(ends_s, row, strict=False):
+            x0, x1 = px(start), px(end)
             out.append(
-                f'<rect x="{LEFT + c * cell_w:.1f}" y="{y:.1f}" width="{cell_w + 0.3:.1f}" '
-                f'height="{cell_h:.1f}" fill="rgb({shade},{shade},255)"/>'
+                f'<rect x="{x0:.1f}" y="{y:.1f}" width="{x1 - x0 + 0.4:.1f}" '
+                f'height="{cell_h:.1f}" fill="{shade(v)}"/>'
             )
-    base = TOP + cell_h * len(rows)
+            start = end
+    base = TOP + plot_h
     out.append(
-        f'<text x="{LEFT + pw / 2}" y="{base + 28:.0f}" text-anchor="middle">'
-        f"{escape(x_label)}</text>"
-        f'<text x="{WIDTH - RIGHT + 10}" y="{TOP + 10}">busy fraction</text>'
-        f'<rect x="{WIDTH - RIGHT + 10}" y="{TOP + 16}" width="12" height="12" '
-        f'fill="rgb(255,255,255)" stroke="#999"/><text x="{WIDTH - RIGHT + 26}" '
-        f'y="{TOP + 26}">idle</text>'
-        f'<rect x="{WIDTH - RIGHT + 10}" y="{TOP + 32}" width="12" height="12" '
-        f'fill="rgb(55,55,255)"/><text x="{WIDTH - RIGHT + 26}" y="{TOP + 42}">busy</text>'
-        "</svg>"
+        f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{plot_h:.1f}" fill="none" stroke="#999"/>'
     )
+    for t in nice_ticks(0.0, span, 8):
+        x = px(t)
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{base:.1f}" y2="{base + 5:.1f}" stroke="#666"/>'
+            f'<text x="{x:.1f}" y="{base + 19:.1f}" text-anchor="middle">{fmt_number(t)}</text>'
+        )
+    out.append(
+        f'<text x="{LEFT + pw / 2}" y="{base + 40:.0f}" text-anchor="middle">'
+        f"{escape(x_label)}</text>"
+    )
+    out.extend(_scale_legend(WIDTH - RIGHT + 20, TOP, legend_h, scale_label))
+    out.append("</svg>")
     return "".join(out)
+
+
+def _scale_legend(x: float, top: float, height: float, label: str) -> list[str]:
+    """A vertical colour bar from 0% (bottom) to 100% (top) with ticks."""
+    steps = 40
+    h = height / steps
+    out = [f'<text x="{x}" y="{top + 4}">{escape(label)}</text>']
+    bar_top = top + 24  # below the label, with room for the 100% tick's text
+    for i in range(steps):
+        value = 1 - (i + 0.5) / steps
+        out.append(
+            f'<rect x="{x}" y="{bar_top + i * h:.1f}" width="16" height="{h + 0.4:.1f}" '
+            f'fill="{shade(value)}"/>'
+        )
+    out.append(
+        f'<rect x="{x}" y="{bar_top}" width="16" height="{height:.1f}" fill="none" stroke="#999"/>'
+    )
+    for value in (0.0, 0.25, 0.5, 0.75, 1.0):
+        y = bar_top + (1 - value) * height
+        out.append(
+            f'<line x1="{x + 16}" x2="{x + 21}" y1="{y:.1f}" y2="{y:.1f}" stroke="#666"/>'
+            f'<text x="{x + 24}" y="{y + 4:.1f}">{value:.0%}</text>'
+        )
+    return out

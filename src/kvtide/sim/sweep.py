@@ -6,7 +6,7 @@ scenarios, run by an executor, and flattened to one row per point.
       requests: 400
     grid:                 # every combination of these lists is one point
       router: [round_robin, cost]
-      gpu_cache_tokens: [64k, 256k]
+      gpu_cache_tokens: [64k, 256Ki]   # k/M/G are 10^3/10^6/10^9, Ki/Mi/Gi 2^10/2^20/2^30
       replicas: [2, 4]
       load: [0.5, 1.0]
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,11 @@ import yaml
 
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
-from kvtide.sim.scenario import RunResult, Scenario
+from kvtide.sim.scenario import RunResult, Scenario, check_scenario
+from kvtide.sim.settings import ENGINE_SETTINGS, SCENARIO_SETTINGS, SETTINGS
 
-_ENGINE_KEYS = {f.name for f in dataclasses.fields(EngineConfig)}
-_SCENARIO_KEYS = {f.name for f in dataclasses.fields(Scenario)} - {"engine", "outages"}
-_ALIASES = {"event_delay": "event_delay_s", "decode": "decode_replicas"}
-_TOKEN_KEYS = {"gpu_cache_tokens", "host_cache_tokens", "disk_cache_tokens", "max_batched_tokens"}
-_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_ALIASES = {"event_delay": "event_delay_s", "decode": "decode_replicas", "outage": "outages"}
+_TOP_KEYS = ("base", "grid")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,6 +36,9 @@ class SweepPoint:
     values: Mapping[str, object]
     """The grid's values at this point, by key."""
     scenario: Scenario
+    warnings: tuple[str, ...] = ()
+    """What ``check_scenario`` found questionable but not wrong (a KV pool that does not
+    fit beside the weights, as given)."""
 
 
 def load_sweep(path: Path) -> list[SweepPoint]:
@@ -44,62 +46,65 @@ def load_sweep(path: Path) -> list[SweepPoint]:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping with 'base' and 'grid'")
+    for key in doc:
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"{path}: unknown top-level key {key!r} (valid: base, grid)")
     return expand(doc.get("base") or {}, doc.get("grid") or {}, origin=str(path))
 
 
 def expand(
     base: Mapping[str, Any], grid: Mapping[str, Any], *, origin: str = "sweep"
 ) -> list[SweepPoint]:
-    """Every combination of ``grid``'s lists applied over ``base``, in grid order."""
+    """Every combination of ``grid``'s lists applied over ``base``, in grid order; each value
+    goes through the setting's parser (``kvtide.sim.settings``), as the same flag would."""
     if not isinstance(base, Mapping) or not isinstance(grid, Mapping):
         raise ConfigError(f"{origin}: 'base' and 'grid' must be mappings")
-    fixed = {_key(k, origin): _value(_key(k, origin), v, origin) for k, v in base.items()}
+    fixed: dict[str, object] = {}
+    for raw_key, value in base.items():
+        key = _key(raw_key, origin)
+        fixed[key] = SETTINGS[key](value, name=f"{origin}: base.{raw_key}")
     axes: list[tuple[str, list[object]]] = []
     for raw_key, values in grid.items():
         key = _key(raw_key, origin)
+        name = f"{origin}: grid.{raw_key}"
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"{origin}: grid.{raw_key} must be a non-empty list")
-        axes.append((key, [_value(key, v, origin) for v in values]))
+            raise ConfigError(f"{name}: must be a non-empty list, got {values!r}")
+        axes.append((key, [SETTINGS[key](v, name=f"{name}[{i}]") for i, v in enumerate(values)]))
     points = []
     for combo in itertools.product(*(values for _, values in axes)):
         values = dict(zip((k for k, _ in axes), combo, strict=True))
-        points.append(SweepPoint(values, _scenario({**fixed, **values}, origin)))
+        settings = {**fixed, **values}
+        scenario = _scenario(settings, origin)
+        given = "gpu_cache_tokens" in settings
+        warnings = check_scenario(scenario, lambda key: f"{origin}: {key}", kv_given=given)
+        points.append(SweepPoint(values, scenario, tuple(warnings)))
     return points
 
 
 def _key(raw: object, origin: str) -> str:
     key = str(raw).strip().replace("-", "_")
     key = _ALIASES.get(key, key)
-    if key not in _SCENARIO_KEYS and key not in _ENGINE_KEYS:
-        valid = ", ".join(sorted(_SCENARIO_KEYS | _ENGINE_KEYS))
+    if key not in SETTINGS:
+        valid = ", ".join(sorted(SETTINGS))
         raise ConfigError(f"{origin}: unknown setting {raw!r} (valid: {valid})")
     return key
 
 
-def _value(key: str, value: object, origin: str) -> object:
-    if key in _TOKEN_KEYS and isinstance(value, str):
-        text = value.strip().lower()
-        scale = _UNITS.get(text[-1:], 1)
-        try:
-            return int(float(text[:-1] if scale > 1 else text) * scale)
-        except ValueError:
-            raise ConfigError(f"{origin}: {key}: not a token count: {value!r}") from None
-    return value
-
-
 def _scenario(settings: Mapping[str, object], origin: str) -> Scenario:
-    engine = {k: v for k, v in settings.items() if k in _ENGINE_KEYS}
-    fields = {k: v for k, v in settings.items() if k in _SCENARIO_KEYS}
-    if isinstance(fields.get("coordinator_outage"), list):
-        fields["coordinator_outage"] = tuple(fields["coordinator_outage"])  # type: ignore[arg-type]
+    engine = {k: v for k, v in settings.items() if k in ENGINE_SETTINGS}
+    fields = {k: v for k, v in settings.items() if k in SCENARIO_SETTINGS}
     try:
-        return Scenario(engine=EngineConfig(**engine), **fields)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise ConfigError(f"{origin}: {exc}") from exc
+        scenario = Scenario(engine=EngineConfig(**engine), **fields)  # type: ignore[arg-type]
+    except ConfigError as exc:  # a combination of valid values that does not go together
+        point = ", ".join(f"{k}={v}" for k, v in settings.items())
+        raise ConfigError(f"{origin}: {exc} (at {point})") from exc
+    return scenario
 
 
 METRICS = (
@@ -139,7 +144,9 @@ def row(point: SweepPoint, result: RunResult) -> dict[str, object]:
         "evictions_per_s": s.evictions_per_s,
         "prefill_tokens_computed": s.prefill_tokens_computed,
     }
-    return {**point.values, **metrics}
+    # A metric that does not apply (TPOT of a prefill-only pool) is empty, not NaN.
+    clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+    return {**point.values, **clean}
 
 
 def rows(points: Sequence[SweepPoint], results: Sequence[RunResult]) -> list[dict[str, object]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvtide.display import points
 from kvtide.errors import ConfigError
 from kvtide.sim.scenario import RunResult, Scenario, cost_model
 
@@ -154,9 +155,11 @@ def tier_findings(rows: Sequence[TierRow]) -> list[str]:
         )
     for r in rows:
         if r.filter_write_cut is not None and r.filter_hit_loss_points is not None:
+            cut = r.filter_write_cut
+            writes = f"{cut:.0%} fewer" if cut >= 0 else f"{-cut:.0%} more"
+            hits = points(-r.filter_hit_loss_points, against="the same tiers unfiltered")
             out.append(
-                f"{r.design}: {r.filter_write_cut:.0%} fewer host writes "
-                f"({r.host_write_gb_per_s:.2f} GB/s left) for {r.filter_hit_loss_points:.2f} "
-                f"points of hit ratio; TTFT p99 {r.ttft_p99_s:.3f} s"
+                f"{r.design}: {writes} host writes ({r.host_write_gb_per_s:.2f} GB/s left), "
+                f"hit ratio {hits}; TTFT p99 {r.ttft_p99_s:.3f} s"
             )
     return out

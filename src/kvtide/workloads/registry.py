@@ -71,7 +71,7 @@ def open_workload(
             azure.read_azure, path, block_tokens=size, seed=seed, prefixes=prefixes
         )
         described |= {"seed": seed, **dataclasses.asdict(prefixes)}
-    return Workload(path.stem, kind, size, source, described, limit, time_scale)
+    return Workload(path.stem, kind, size, source, described, limit, time_scale, path)
 
 
 def detect_format(path: Path) -> str:

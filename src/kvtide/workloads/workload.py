@@ -6,8 +6,9 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kvtide.errors import ConfigError
 from kvtide.types import Request
@@ -34,6 +35,8 @@ class Workload:
     params: Mapping[str, object] = field(default_factory=dict)
     limit: int | None = None
     time_scale: float = 1.0
+    path: Path | None = None
+    """The trace file, for ``where``; ``None`` for built-ins and requests in memory."""
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -59,6 +62,18 @@ class Workload:
             "time_scale": self.time_scale,
         }
 
+    def where(self, positions: Iterable[int]) -> dict[int, str]:
+        """Where the requests at ``positions`` (0-based, in iteration order) come from:
+        ``path:line`` (1-based, as the readers report errors) for a trace, ``request N``
+        (1-based) otherwise. Reads the file again: meant for the few requests a message names."""
+        wanted = sorted(set(positions))
+        if self.path is None or not wanted:
+            return {i: f"request {i + 1}" for i in wanted}
+        lines = _data_lines(self.path, self.format == "azure", wanted[-1] + 1)
+        return {
+            i: f"{self.path}:{lines[i]}" if i < len(lines) else f"request {i + 1}" for i in wanted
+        }
+
     def __iter__(self) -> Iterator[Request]:
         requests = self.source()
         if self.limit is not None:
@@ -66,6 +81,20 @@ class Workload:
         if self.time_scale != 1.0:
             requests = _scale_gaps(requests, self.time_scale)
         return requests
+
+
+def _data_lines(path: Path, has_header: bool, count: int) -> list[int]:
+    """1-based numbers of the first ``count`` data lines: the non-blank lines that each give
+    one request (after the header of a CSV), as every reader counts them."""
+    out: list[int] = []
+    with path.open("rb") as file:
+        for number, line in enumerate(file, start=1):
+            if (has_header and number == 1) or not line.strip():
+                continue
+            out.append(number)
+            if len(out) == count:
+                break
+    return out
 
 
 def _scale_gaps(requests: Iterator[Request], time_scale: float) -> Iterator[Request]:

@@ -55,7 +55,7 @@ def test_the_tier_study_runs_each_size_filtered_and_over_a_disk(
         "--replicas",
         "2",
         "--gpu-cache-tokens",
-        "8k",
+        "8Ki",
         "--host-multiples",
         "0,4",
         "--disk-multiple",

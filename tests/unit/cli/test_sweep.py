@@ -18,7 +18,7 @@ base:
   replicas: 2
 grid:
   router: [round_robin, least_load]
-  gpu_cache_tokens: [8k, 32k]
+  gpu_cache_tokens: [8Ki, 32Ki]
 """
 
 
