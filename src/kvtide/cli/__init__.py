@@ -27,6 +27,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "serve": "kvtide.cli.serve",
     "engine": "kvtide.cli.engine",
     "load": "kvtide.cli.load",
+    "demo": "kvtide.cli.demo",
 }
 
 
