@@ -10,8 +10,9 @@ skipped):
 
 1. workloads: a built-in multi-turn chat workload and the Mooncake conversation trace (its
    first ``--trace-requests`` requests, arrivals ``--trace-time-scale`` times slower, outputs
-   capped at ``--max-output-tokens``), sent by kvtide's load generator: cached-token ratio
-   (the engines' ``usage``), TTFT p50/p99, and the gateway's CPU (/proc of its PID) per request.
+   capped at ``--max-output-tokens``, prompts over ``--trace-max-prompt-tokens`` left out),
+   sent by kvtide's load generator: cached-token ratio (the engines' ``usage``), TTFT p50/p99,
+   and the gateway's CPU (/proc of its PID) per request, and while idle.
    Each gateway gets freshly restarted engines (cold caches) and the same requests.
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
@@ -222,9 +223,11 @@ def workload_plans(args: argparse.Namespace) -> dict[str, tuple[Any, list[Any]]]
         trace = open_workload(
             str(args.trace), limit=args.trace_requests, time_scale=args.trace_time_scale
         )
+        # requests longer than the engines' context would be 400s for every gateway alike
         plan = [
             (at, dataclasses.replace(r, output_tokens=min(r.output_tokens, args.max_output_tokens)))
             for at, r in schedule(trace, LoadConfig(url="http://x"))
+            if r.prompt_tokens + args.max_output_tokens <= args.trace_max_prompt_tokens
         ]
         plans["mooncake"] = (trace, plan)
     return plans
@@ -422,13 +425,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--peers-venv", type=Path, default=Path("/work/peers-venv"))
     p.add_argument("--trace", type=Path, help="mooncake_conversation.jsonl (skipped without)")
-    p.add_argument("--trace-requests", type=int, default=120)
-    p.add_argument("--trace-time-scale", type=float, default=0.5, help="<1: faster than traced")
+    p.add_argument("--trace-requests", type=int, default=100)
+    p.add_argument("--trace-time-scale", type=float, default=1.0, help="<1: faster than traced")
     p.add_argument("--max-output-tokens", type=int, default=16)
     p.add_argument("--duration", type=float, default=20.0, help="chat workload seconds")
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--speedup", type=float, default=2.0)
-    p.add_argument("--kv-cache-tokens", type=int, default=65_536)
+    p.add_argument("--kv-cache-tokens", type=int, default=16_384, help="chat: per engine")
+    p.add_argument("--trace-kv-cache-tokens", type=int, default=131_072, help="trace: per engine")
+    p.add_argument("--trace-speedup", type=float, default=8.0)
+    p.add_argument("--trace-max-prompt-tokens", type=int, default=16_384)
     p.add_argument("--overhead-rate", type=float, default=200.0)
     p.add_argument("--overhead-duration", type=float, default=5.0)
     p.add_argument("--hot-rate", type=float, default=40.0)
@@ -461,6 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--kv-cache-tokens",
         str(args.kv_cache_tokens),
     ]
+    trace_args = [
+        *base,
+        "--speedup",
+        str(args.trace_speedup),
+        "--kv-cache-tokens",
+        str(args.trace_kv_cache_tokens),
+    ]
     with ProcessGroup() as group:
         engines = [
             start_engine(group, MODEL, engine_args, f"engine {i}") for i in range(args.engines)
@@ -470,10 +483,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["workloads"] = {}
             for wname, (workload, plan) in workload_plans(args).items():
                 rows = results["workloads"][wname] = {}
-                for k, name in enumerate(fronts):
+                for k, name in enumerate([*fronts[:1], KVTIDE_TEXT, *fronts[1:]]):
                     # fresh engines for each gateway: the built-in workload is token ids, so
                     # the same text every run, and a warm cache would favour later gateways
-                    restart_engines(engines, engine_args)
+                    restart_engines(engines, trace_args if wname == "mooncake" else engine_args)
                     front = start_front(name, group, engines, python)
                     try:
                         rows[name] = run_workload(front, workload, plan, args.seed + 1 + k)

@@ -2,8 +2,8 @@
 and `kvtide serve` on free ports, started and waited for, stopped by PID (never by name).
 
 Children run in their own session, so a Ctrl-C at the terminal reaches only the parent, which
-then stops them in order (SIGTERM, a deadline, SIGKILL); on Linux each child also gets SIGTERM
-if the parent dies without cleaning up (``PR_SET_PDEATHSIG``).
+then stops them in order (SIGTERM, a deadline, SIGKILL); on Linux a child started from the main
+thread also gets SIGTERM if the parent dies without cleaning up (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ class ChildProcess:
         self.proc = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[str]:
+        # PDEATHSIG fires when the spawning *thread* ends, so only the main thread asks for it
+        # (a child started from a worker thread would die with that thread)
+        guard = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
         proc = subprocess.Popen(
             self.args,
             stdin=subprocess.DEVNULL,
@@ -71,7 +74,7 @@ class ChildProcess:
             text=True,
             env=_child_env(),
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=_die_with_parent if guard else None,
         )
         self._reader = threading.Thread(target=self._drain, args=(proc,), daemon=True)
         self._reader.start()
