@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from engine_process import Engine, start_engine
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[2] / "src"
 
@@ -79,6 +81,26 @@ class Proc:
 def backend(port: int, model: str = "m", *extra: str) -> Proc:
     args = [sys.executable, str(HERE / "backend.py"), "--port", str(port), "--model", model]
     return Proc([*args, *extra], f"http://127.0.0.1:{port}/health")
+
+
+def emulated_engines(n: int) -> list[Engine]:
+    """``n`` `kvtide engine` processes (20x the modelled GPU's speed) serving model ``emu``,
+    each with vLLM-format KV events and a replay socket."""
+    out = []
+    for _ in range(n):
+        out.append(
+            start_engine(
+                "--speedup",
+                "20",
+                "--served-model-name",
+                "emu",
+                "--kv-events-port",
+                str(free_port()),
+                "--kv-events-replay-port",
+                str(free_port()),
+            )
+        )
+    return out
 
 
 def gateway(port: int, *extra: str) -> Proc:

@@ -9,6 +9,7 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import zmq
 
 from kvtide.core.hashing import hash_tokens
 from kvtide.gateway.intake import EventIntake
@@ -51,6 +52,16 @@ async def _until(cond, timeout_s: float = 10.0) -> None:  # type: ignore[no-unty
         await asyncio.sleep(0.02)
 
 
+async def _bind_again(endpoint: str, replay: str) -> KvEventPublisher:
+    """A publisher on the sockets just closed: ZMQ releases a port asynchronously."""
+    for _ in range(100):
+        try:
+            return KvEventPublisher(endpoint, replay)
+        except zmq.ZMQError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{endpoint} stayed in use")
+
+
 def test_events_land_in_the_namespace_and_a_restart_is_a_new_epoch() -> None:
     pub_port, replay_port = _port(), _port()
     endpoint, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
@@ -81,7 +92,7 @@ def test_events_land_in_the_namespace_and_a_restart_is_a_new_epoch() -> None:
             assert index.match(plain).device_blocks(R) == 4
             # the engine restarts: a new publisher on the same sockets, numbering from 0
             pub.close()
-            pub = KvEventPublisher(endpoint, replay)
+            pub = await _bind_again(endpoint, replay)
             pub.start_replay_thread()
             fresh = tokens + 9000
             epochs = intake.ingest.num_epochs

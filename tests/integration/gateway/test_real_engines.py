@@ -13,9 +13,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from engine_process import Engine, start_engine
+from engine_process import Engine
 from tests.integration.gateway.conftest import KEYS, SECRET, write_keys
-from tests.integration.gateway.procs import free_port, gateway
+from tests.integration.gateway.procs import emulated_engines, free_port, gateway
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,19 +29,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[Engine]]]:
     engines: list[Engine] = []
     gw = None
     try:
-        for _ in range(2):
-            engines.append(
-                start_engine(
-                    "--speedup",
-                    "20",
-                    "--served-model-name",
-                    "emu",
-                    "--kv-events-port",
-                    str(free_port()),
-                    "--kv-events-replay-port",
-                    str(free_port()),
-                )
-            )
+        engines += emulated_engines(2)
         replicas = []
         for e in engines:
             assert e.events and e.replay, e.log

@@ -13,32 +13,14 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from engine_process import Engine, start_engine
-from tests.integration.gateway.procs import free_port, gateway
+from engine_process import Engine
+from tests.integration.gateway.procs import emulated_engines, free_port, gateway
 
 redis = pytest.importorskip("redis")
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow, pytest.mark.redis]
 
 SYSTEM = "You route parcels across a network of depots; answer with one depot name. " * 10
-
-
-def _engines(n: int) -> list[Engine]:
-    out = []
-    for _ in range(n):
-        out.append(
-            start_engine(
-                "--speedup",
-                "20",
-                "--served-model-name",
-                "emu",
-                "--kv-events-port",
-                str(free_port()),
-                "--kv-events-replay-port",
-                str(free_port()),
-            )
-        )
-    return out
 
 
 def _ready(url: str) -> dict:
@@ -68,7 +50,7 @@ def _chat(url: str, question: str) -> int:
 
 @pytest.fixture
 def engines() -> Iterator[list[Engine]]:
-    es = _engines(2)
+    es = emulated_engines(2)
     try:
         yield es
     finally:
