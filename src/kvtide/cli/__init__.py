@@ -28,6 +28,7 @@ _SUBCOMMANDS: dict[str, str] = {
     "engine": "kvtide.cli.engine",
     "load": "kvtide.cli.load",
     "alerts": "kvtide.cli.alerts",
+    "demo": "kvtide.cli.demo",
 }
 
 

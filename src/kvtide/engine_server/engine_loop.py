@@ -117,6 +117,7 @@ class EmulatedEngine:
             lambda: float(self.scheduler.num_running),
             lambda: float(self.scheduler.num_waiting),
             self.kv_usage,
+            lambda: float(self.scheduler.cache.tree.num_evicted_total),
         )
 
     def kv_usage(self) -> float:

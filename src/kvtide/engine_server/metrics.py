@@ -72,6 +72,7 @@ class EngineMetrics:
         self.e2e = _Histogram(E2E_BUCKETS)
         zero: Callable[[], float] = lambda: 0.0  # noqa: E731
         self._gauges = {"running": zero, "waiting": zero, "usage": zero}
+        self._evicted_blocks = zero
         self.registry = CollectorRegistry()
         self.registry.register(_Families(self))
 
@@ -80,9 +81,13 @@ class EngineMetrics:
         running: Callable[[], float],
         waiting: Callable[[], float],
         kv_usage: Callable[[], float],
+        evicted_blocks: Callable[[], float] | None = None,
     ) -> None:
-        """Gauges read from the engine at scrape time (no bookkeeping on the hot path)."""
+        """Gauges (and the eviction counter) read from the engine at scrape time, no
+        bookkeeping on the hot path."""
         self._gauges = {"running": running, "waiting": waiting, "usage": kv_usage}
+        if evicted_blocks is not None:
+            self._evicted_blocks = evicted_blocks
 
     def first_token(self, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
@@ -139,6 +144,15 @@ class EngineMetrics:
             c = CounterMetricFamily(name, doc, labels=LABELS)
             c.add_metric(lab, float(value))
             yield c
+        # not a vLLM metric: blocks the device cache evicted, so a dashboard can show eviction
+        # velocity (vLLM exposes none; its KV events carry the same as BlockRemoved)
+        evicted = CounterMetricFamily(
+            "kvtide_engine_evicted_blocks",
+            "KV blocks evicted from the device cache.",
+            labels=LABELS,
+        )
+        evicted.add_metric(lab, float(self._evicted_blocks()))
+        yield evicted
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",

@@ -1,0 +1,585 @@
+"""kvtide's gateway beside sglang-router, smg and vllm-router, in front of the same four
+emulated engines, in one run.
+
+    python bench/gateways.py --peers-venv /work/peers-venv \
+        --trace ../shared/traces/mooncake_conversation.jsonl [--json out.json]
+
+Phases, each through every gateway in turn (kvtide `cost` in token mode with the engines' KV
+events; the peers as PEERS.md starts them, from a separate venv; a peer not installed there is
+skipped):
+
+1. workloads: a built-in multi-turn chat workload and the Mooncake conversation trace (its
+   first ``--trace-requests`` requests, arrivals ``--trace-time-scale`` times slower, outputs
+   capped at ``--max-output-tokens``, prompts over ``--trace-max-prompt-tokens`` left out),
+   sent by kvtide's load generator: cached-token ratio (the engines' ``usage``), TTFT p50/p99,
+   and the gateway's CPU (/proc of its PID) per request, and while idle.
+   Each gateway gets freshly restarted engines (cold caches) and the same requests.
+2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
+   ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
+   through each gateway and straight to the engines (the client picks them round robin):
+   added TTFT p50/p99 over the direct run, and gateway CPU per request (kvtide also in text
+   mode).
+3. hot prefixes: every request carries one of two long system prompts, engines batch at most
+   ``--hot-max-seqs`` sequences so they queue: per engine, the share of requests served, and
+   the fraction of samples (every 0.2 s from the engines' /metrics) in which some engine is
+   idle while another has requests waiting.
+
+Prints its configuration and git revision, each table, and ratios against kvtide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from kvtide.cli.demo import parse_engine_metrics
+from kvtide.cli.processes import (
+    LOOPBACK,
+    ChildProcess,
+    Engine,
+    ProcessGroup,
+    free_port,
+    proc_cpu_s,
+    proc_rss_bytes,
+    start_engine,
+    start_gateway,
+    wait_all_ready,
+)
+from kvtide.loadgen import LoadConfig, run_load, schedule, stream
+from kvtide.loadgen.prompts import PromptBuilder
+from kvtide.text import smollm2
+from kvtide.workloads import open_workload
+
+MODEL = "emu"
+IDLE_S = 3.0
+KVTIDE = "kvtide cost"
+KVTIDE_TEXT = "kvtide cost (text mode)"
+# name -> (module, policy, log level): started by module (sglang-router and smg both install an
+# `smg` script), --host 127.0.0.1, distinct --prometheus-ports (PEERS.md)
+PEERS: dict[str, tuple[str, str, str]] = {
+    "sglang-router cache_aware": ("sglang_router.launch_router", "cache_aware", "warn"),
+    "smg cache_aware": ("smg.launch_router", "cache_aware", "warn"),
+    "vllm-router cache_aware": ("vllm_router.launch_router", "cache_aware", "warning"),
+    "vllm-router round_robin": ("vllm_router.launch_router", "round_robin", "warning"),
+}
+CHAT = (
+    "builtin:chat:sessions=48,turns=4,duration_s={d},system_prompts=4,system_tokens=800,"
+    "user_tokens=150,output_tokens=16,think_s={t},max_prompt_tokens=6000"
+)
+
+
+def git_rev() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
+        return out.stdout.decode().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def peer_installed(python: Path, module: str) -> bool:
+    if not python.exists():
+        return False
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec('{module}') is None)"
+    return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+
+
+class Front:
+    """One gateway under test (or none: ``direct``), its URL and the PID whose CPU counts."""
+
+    def __init__(self, name: str, url: str | None, child: ChildProcess | None) -> None:
+        self.name = name
+        self.url = url
+        self.child = child
+
+    def cpu_s(self) -> float:
+        return proc_cpu_s(self.child.pid) if self.child else 0.0
+
+    def rss_bytes(self) -> int:
+        return proc_rss_bytes(self.child.pid) if self.child else 0
+
+
+def start_front(
+    name: str, group: ProcessGroup, engines: Sequence[Engine], peers_python: Path
+) -> Front:
+    if name in (KVTIDE, KVTIDE_TEXT):
+        extra = ["--tokenizer", "smollm2"] if name == KVTIDE else []
+        gw = start_gateway(group, engines, "cost", extra)
+        wait_routable(gw.url, gw.process)  # the tokenizer loads on first use: not measured
+        return Front(name, gw.url, gw.process)
+    module, policy, level = PEERS[name]
+    port = free_port()
+    args = [
+        str(peers_python),
+        "-m",
+        module,
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--log-level",
+        level,
+        "--prometheus-host",
+        LOOPBACK,
+        "--prometheus-port",
+        str(free_port()),
+        "--worker-urls",
+        *(e.url for e in engines),
+    ]
+    child = group.add(ChildProcess(args, name))
+    url = f"http://{LOOPBACK}:{port}"
+    wait_routable(url, child)
+    return Front(name, url, child)
+
+
+def wait_routable(url: str, child: ChildProcess, timeout_s: float = 90.0) -> None:
+    """Until one chat request goes through (the peers probe their workers first)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+    async def probe() -> bool:
+        async with aiohttp.ClientSession() as s:
+            try:
+                async with s.post(
+                    f"{url}/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(5)
+                ) as r:
+                    await r.read()
+                    return r.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not child.is_alive:
+            break
+        if asyncio.run(probe()):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{child.name} never routed a request: {child.tail()}")
+
+
+def stop_front(front: Front, group: ProcessGroup) -> None:
+    if front.child is not None:
+        front.child.stop()
+        group.children.remove(front.child)
+
+
+def restart_engines(engines: Sequence[Engine], engine_args: Sequence[str]) -> None:
+    """Fresh engines (cold caches, new flags) on the same ports."""
+    for e in engines:
+        e.process.stop()
+        e.process.args = [
+            *e.process.args[: e.process.args.index("--kv-events-replay-port") + 2],
+            *engine_args,
+        ]
+        e.process.restart()
+    wait_all_ready(engines)
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if r["error"] is None]
+    ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    used = [r for r in ok if r["prompt_tokens"] and r["cached_tokens"] is not None]
+    prompt = sum(r["prompt_tokens"] for r in used)
+    kinds: dict[str, int] = {}
+    for r in rows:
+        if r["error"] is not None:
+            key = f"{r['error']}: {str(r.get('detail', ''))[:80]}"
+            kinds[key] = kinds.get(key, 0) + 1
+    return {
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "error_kinds": kinds,
+        "cached_token_ratio": sum(r["cached_tokens"] for r in used) / prompt if prompt else None,
+        "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+    }
+
+
+# --- phase 1: the workloads ----------------------------------------------------------------
+
+
+def workload_plans(args: argparse.Namespace) -> dict[str, tuple[Any, list[Any]]]:
+    plans = {}
+    chat = open_workload(CHAT.format(d=args.duration, t=args.duration / 8), seed=args.seed)
+    cfg = LoadConfig(url="http://x", duration_s=args.duration)
+    plans["chat"] = (chat, schedule(chat, cfg))
+    if args.trace is not None and args.trace.exists():
+        trace = open_workload(
+            str(args.trace), limit=args.trace_requests, time_scale=args.trace_time_scale
+        )
+        # requests longer than the engines' context would be 400s for every gateway alike
+        plan = [
+            (at, dataclasses.replace(r, output_tokens=min(r.output_tokens, args.max_output_tokens)))
+            for at, r in schedule(trace, LoadConfig(url="http://x"))
+            if r.prompt_tokens + args.max_output_tokens <= args.trace_max_prompt_tokens
+        ]
+        plans["mooncake"] = (trace, plan)
+    return plans
+
+
+def run_workload(front: Front, workload: Any, plan: list[Any], seed: int) -> dict[str, Any]:
+    assert front.url is not None
+    config = LoadConfig(url=front.url, model=MODEL, seed=seed, timeout_s=120.0)
+    # what the gateway burns with no request (health checks, scrapes, event intake), so that
+    # per-request CPU at a low rate can be read apart from its constant background
+    idle0 = front.cpu_s()
+    time.sleep(IDLE_S)
+    idle_cpu_per_s = (front.cpu_s() - idle0) / IDLE_S
+    cpu0, t0 = front.cpu_s(), time.monotonic()
+    report = asyncio.run(run_load(config, workload, smollm2(), None, plan))
+    cpu = front.cpu_s() - cpu0
+    out = summarize_rows(report["requests"])
+    wall = time.monotonic() - t0
+    out["cpu_us_per_request"] = cpu / max(1, out["requests"]) * 1e6
+    out["idle_cpu_ms_per_s"] = idle_cpu_per_s * 1e3
+    background = idle_cpu_per_s * wall
+    out["cpu_us_per_request_less_idle"] = max(0.0, cpu - background) / max(1, out["requests"]) * 1e6
+    out["wall_s"] = wall
+    return out
+
+
+# --- phases 2 and 3: a small open-loop driver of fixed request bodies ------------------------
+
+
+async def drive(
+    targets: Callable[[int], str],
+    bodies: Sequence[dict[str, Any]],
+    rate: float,
+    seed: int,
+    on_tick: Callable[[], Any] | None = None,
+) -> list[Any]:
+    """Sends ``bodies`` at Poisson ``rate`` (request i to ``targets(i)``); the outcomes."""
+    rng = random.Random(seed)
+    outs: list[Any] = [None] * len(bodies)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(i: int) -> None:
+            url = f"{targets(i)}/v1/chat/completions"
+            outs[i] = await stream(session, url, bodies[i], {}, 60.0)
+
+        ticker = asyncio.create_task(_tick(on_tick)) if on_tick else None
+        start = time.monotonic()
+        at = 0.0
+        async with asyncio.TaskGroup() as tg:
+            for i in range(len(bodies)):
+                delay = start + at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tg.create_task(one(i))
+                at += rng.expovariate(rate)
+        if ticker is not None:
+            ticker.cancel()
+    return outs
+
+
+async def _tick(fn: Callable[[], Any]) -> None:
+    while True:
+        await fn()
+        await asyncio.sleep(0.2)
+
+
+def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
+    """``n`` chat requests from the built-in chat workload (shared system prompts, histories)."""
+    workload = open_workload(CHAT.format(d=60, t=5), limit=n, seed=seed)
+    builder = PromptBuilder(smollm2(), seed)
+    out = []
+    for request in workload:
+        prompt = builder.build(request)
+        out.append(_body([{"role": r, "content": c} for r, c in prompt.messages], max_tokens))
+    return out
+
+
+def _body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
+
+
+def overhead_run(front: Front, engines: Sequence[Engine], args: argparse.Namespace) -> dict:
+    n = int(args.overhead_rate * args.overhead_duration)
+    bodies = chat_bodies(n, args.seed, 2)
+    if front.url is None:
+        urls = [e.url for e in engines]
+
+        def target(i: int) -> str:
+            return urls[i % len(urls)]
+    else:
+        url = front.url
+
+        def target(i: int) -> str:
+            return url
+
+    cpu0 = front.cpu_s()
+    outs = asyncio.run(drive(target, bodies, args.overhead_rate, args.seed))
+    cpu = front.cpu_s() - cpu0
+    ttft = [o.ttft_s for o in outs if o.ok and o.ttft_s is not None]
+    return {
+        "requests": n,
+        "errors": sum(not o.ok for o in outs),
+        "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+        "cpu_us_per_request": cpu / n * 1e6 if front.child else None,
+        "rss_mib": front.rss_bytes() / 2**20 if front.child else None,
+    }
+
+
+def hot_run(
+    front: Front, engines: Sequence[Engine], args: argparse.Namespace, salt: int
+) -> dict[str, Any]:
+    rng = random.Random(salt)
+    words = ["alpha", "bravo", "cargo", "delta", "ember", "fjord", "gamma", "harbor"]
+    hot = [
+        f"[{salt}-{k}] You are the assistant of team {k}. "
+        + " ".join(rng.choice(words) for _ in range(args.hot_prefix_words))
+        for k in range(2)
+    ]
+    n = int(args.hot_rate * args.hot_duration)
+    bodies = [
+        _body(
+            [
+                {"role": "system", "content": hot[i % 2]},
+                {"role": "user", "content": f"question {salt}-{i}: where is parcel {i}?"},
+            ],
+            args.hot_output_tokens,
+        )
+        for i in range(n)
+    ]
+    samples: list[list[tuple[float, float]]] = []
+    served0: dict[str, float] = {}
+
+    async def scrape_all() -> dict[str, dict[str, float]]:
+        out = {}
+        async with aiohttp.ClientSession() as s:
+            for e in engines:
+                async with s.get(f"{e.url}/metrics", timeout=aiohttp.ClientTimeout(2)) as r:
+                    text = await r.text()
+                values = parse_engine_metrics(text)
+                values["served"] = sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("vllm:request_success_total")
+                )
+                out[e.url] = values
+        return out
+
+    async def tick() -> None:
+        snap = await scrape_all()
+        samples.append([(v.get("running", 0.0), v.get("waiting", 0.0)) for v in snap.values()])
+
+    served0 = {u: v["served"] for u, v in asyncio.run(scrape_all()).items()}
+    assert front.url is not None
+    url = front.url
+    outs = asyncio.run(drive(lambda i: url, bodies, args.hot_rate, salt, tick))
+    time.sleep(0.5)
+    served = {u: v["served"] - served0[u] for u, v in asyncio.run(scrape_all()).items()}
+    idle_while_queued = sum(
+        1 for s in samples if any(r + w == 0 for r, w in s) and any(w > 0 for _, w in s)
+    )
+    queued = sum(1 for s in samples if any(w > 0 for _, w in s))
+    total = sum(served.values()) or 1.0
+    ttft = [o.ttft_s for o in outs if o.ok and o.ttft_s is not None]
+    return {
+        "requests": n,
+        "errors": sum(not o.ok for o in outs),
+        "share_per_engine": [served[e.url] / total for e in engines],
+        "samples": len(samples),
+        "samples_with_queue": queued,
+        "samples_idle_while_queued": idle_while_queued,
+        "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+    }
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:8.1f}"
+
+
+def _ratio(x: float | None, y: float | None) -> str:
+    return "-" if not x or not y else f"x{x / y:.2f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--peers-venv", type=Path, default=Path("/work/peers-venv"))
+    p.add_argument("--trace", type=Path, help="mooncake_conversation.jsonl (skipped without)")
+    p.add_argument("--trace-requests", type=int, default=100)
+    p.add_argument("--trace-time-scale", type=float, default=1.0, help="<1: faster than traced")
+    p.add_argument("--max-output-tokens", type=int, default=16)
+    p.add_argument("--duration", type=float, default=20.0, help="chat workload seconds")
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--speedup", type=float, default=2.0)
+    p.add_argument("--kv-cache-tokens", type=int, default=16_384, help="chat: per engine")
+    p.add_argument("--trace-kv-cache-tokens", type=int, default=131_072, help="trace: per engine")
+    p.add_argument("--trace-speedup", type=float, default=8.0)
+    p.add_argument("--trace-max-prompt-tokens", type=int, default=16_384)
+    p.add_argument("--overhead-rate", type=float, default=200.0)
+    p.add_argument("--overhead-duration", type=float, default=5.0)
+    p.add_argument("--hot-rate", type=float, default=40.0)
+    p.add_argument("--hot-duration", type=float, default=8.0)
+    p.add_argument("--hot-max-seqs", type=int, default=4)
+    p.add_argument("--hot-prefix-words", type=int, default=800)
+    p.add_argument("--hot-output-tokens", type=int, default=24)
+    p.add_argument("--phases", default="workloads,overhead,hot")
+    p.add_argument("--only", help="comma-separated gateway names to run (default all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, dest="json_path")
+    args = p.parse_args(argv)
+    phases = set(args.phases.split(","))
+    python = args.peers_venv / "bin" / "python"
+    fronts = [KVTIDE]
+    for name, (module, _, _) in PEERS.items():
+        if peer_installed(python, module):
+            fronts.append(name)
+        else:
+            print(f"skipping {name}: {module} is not installed in {args.peers_venv}")
+    if args.only:
+        fronts = [f for f in fronts if f in args.only.split(",")]
+    print(f"bench/gateways.py rev {git_rev()} config {json.dumps(vars(args), default=str)}")
+    results: dict[str, Any] = {"config": vars(args), "rev": git_rev(), "gateways": fronts}
+    base = ["--max-model-len", "32768"]
+    engine_args = [
+        *base,
+        "--speedup",
+        str(args.speedup),
+        "--kv-cache-tokens",
+        str(args.kv_cache_tokens),
+    ]
+    trace_args = [
+        *base,
+        "--speedup",
+        str(args.trace_speedup),
+        "--kv-cache-tokens",
+        str(args.trace_kv_cache_tokens),
+    ]
+    with ProcessGroup() as group:
+        engines = [
+            start_engine(group, MODEL, engine_args, f"engine {i}") for i in range(args.engines)
+        ]
+        wait_all_ready(engines)
+        if "workloads" in phases:
+            results["workloads"] = {}
+            for wname, (workload, plan) in workload_plans(args).items():
+                rows = results["workloads"][wname] = {}
+                for k, name in enumerate([*fronts[:1], KVTIDE_TEXT, *fronts[1:]]):
+                    # fresh engines for each gateway: the built-in workload is token ids, so
+                    # the same text every run, and a warm cache would favour later gateways
+                    restart_engines(engines, trace_args if wname == "mooncake" else engine_args)
+                    front = start_front(name, group, engines, python)
+                    try:
+                        rows[name] = run_workload(front, workload, plan, args.seed + 1 + k)
+                    finally:
+                        stop_front(front, group)
+                    print(f"  {wname:<9} {name:<28} {json.dumps(rows[name])}", flush=True)
+                print_workload(wname, rows)
+        if "overhead" in phases:
+            restart_engines(engines, [*base, "--speedup", "100000"])
+            rows = results["overhead"] = {}
+            for name in ["direct", *fronts[:1], KVTIDE_TEXT, *fronts[1:]]:
+                if name == "direct":
+                    front = Front("direct", None, None)
+                else:
+                    front = start_front(name, group, engines, python)
+                try:
+                    rows[name] = overhead_run(front, engines, args)
+                finally:
+                    stop_front(front, group)
+                print(f"  overhead {name:<28} {json.dumps(rows[name])}", flush=True)
+            print_overhead(rows)
+        if "hot" in phases:
+            restart_engines(
+                engines,
+                [*base, "--speedup", "1", "--max-num-seqs", str(args.hot_max_seqs)],
+            )
+            rows = results["hot"] = {}
+            for k, name in enumerate(fronts):
+                front = start_front(name, group, engines, python)
+                try:
+                    rows[name] = hot_run(front, engines, args, 1000 + k)
+                finally:
+                    stop_front(front, group)
+                print(f"  hot {name:<28} {json.dumps(rows[name])}", flush=True)
+            print_hot(rows)
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return 0
+
+
+def print_workload(name: str, rows: dict[str, Any]) -> None:
+    ours = rows.get(KVTIDE)
+    print(
+        f"\n{name}: {'gateway':<28}{'req':>6}{'err':>5}{'cached':>8}{'TTFT p50':>10}"
+        f"{'p99':>9}{'CPU us/req':>11}{'idle ms/s':>10}{'less idle':>10}"
+        "  kvtide/peer TTFT p50, p99"
+    )
+    for gw, r in rows.items():
+        t = r["ttft_s"]
+        ratio = ""
+        if ours is not None and gw != KVTIDE:
+            mine = ours["ttft_s"]
+            ratio = f"  {_ratio(mine['p50'], t['p50'])}, {_ratio(mine['p99'], t['p99'])}"
+        cached = "-" if r["cached_token_ratio"] is None else f"{r['cached_token_ratio']:.1%}"
+        print(
+            f"  {gw:<34}{r['requests']:>6}{r['errors']:>5}{cached:>8}{_ms(t['p50']):>10}"
+            f"{_ms(t['p99']):>9}{r['cpu_us_per_request']:>11.0f}"
+            f"{r['idle_cpu_ms_per_s']:>10.1f}{r['cpu_us_per_request_less_idle']:>10.0f}{ratio}"
+        )
+
+
+def print_overhead(rows: dict[str, Any]) -> None:
+    direct = rows["direct"]["ttft_s"]
+    print(
+        f"\noverhead: {'gateway':<28}{'err':>5}{'TTFT p50':>10}{'p99':>9}{'added p50':>10}"
+        f"{'added p99':>10}{'CPU us/req':>11}{'RSS MiB':>8}"
+    )
+    for gw, r in rows.items():
+        t = r["ttft_s"]
+        add50 = None if t["p50"] is None else t["p50"] - direct["p50"]
+        add99 = None if t["p99"] is None else t["p99"] - direct["p99"]
+        r["added_s"] = {"p50": add50, "p99": add99}
+        cpu = "-" if r["cpu_us_per_request"] is None else f"{r['cpu_us_per_request']:.0f}"
+        rss = "-" if r["rss_mib"] is None else f"{r['rss_mib']:.0f}"
+        print(
+            f"  {gw:<38}{r['errors']:>5}{_ms(t['p50']):>10}{_ms(t['p99']):>9}"
+            f"{_ms(add50):>10}{_ms(add99):>10}{cpu:>11}{rss:>8}"
+        )
+
+
+def print_hot(rows: dict[str, Any]) -> None:
+    print(
+        f"\nhot prefixes: {'gateway':<28}{'err':>5}{'share per engine':>26}"
+        f"{'queued':>8}{'idle+queued':>12}{'TTFT p50':>10}{'p99':>9}"
+    )
+    for gw, r in rows.items():
+        share = " ".join(f"{s:.2f}" for s in r["share_per_engine"])
+        t = r["ttft_s"]
+        print(
+            f"  {gw:<40}{r['errors']:>5}{share:>26}{r['samples_with_queue']:>8}"
+            f"{r['samples_idle_while_queued']:>12}{_ms(t['p50']):>10}{_ms(t['p99']):>9}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

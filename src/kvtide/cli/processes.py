@@ -1,0 +1,294 @@
+"""Child processes on loopback for `kvtide demo` and the gateway benchmarks: `kvtide engine`
+and `kvtide serve` on free ports, started and waited for, stopped by PID (never by name).
+
+Children run in their own session, so a Ctrl-C at the terminal reaches only the parent, which
+then stops them in order (SIGTERM, a deadline, SIGKILL); on Linux a child started from the main
+thread also gets SIGTERM if the parent dies without cleaning up (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvtide.errors import KvtideError
+
+LOOPBACK = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A loopback port free now (the kernel's pick; another process may take it later)."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError):  # no libc.so.6: the parent's own cleanup is the guard
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _child_env() -> dict[str, str]:
+    # the children import the same kvtide as this process (a worktree's src/ wins)
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env
+
+
+class ChildProcess:
+    """One child process; its stderr drained into the last ``log_lines`` lines (so it never
+    blocks on a full pipe) and scanned for ``banner``."""
+
+    def __init__(self, args: Sequence[str], name: str, log_lines: int = 200) -> None:
+        self.args = list(args)
+        self.name = name
+        self.log: collections.deque[str] = collections.deque(maxlen=log_lines)
+        self._banner = threading.Event()
+        self._banner_text: str | None = None
+        self._banner_word = ""
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[str]:
+        # PDEATHSIG fires when the spawning *thread* ends, so only the main thread asks for it
+        # (a child started from a worker thread would die with that thread)
+        guard = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+        proc = subprocess.Popen(
+            self.args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
+            start_new_session=True,
+            preexec_fn=_die_with_parent if guard else None,
+        )
+        self._reader = threading.Thread(target=self._drain, args=(proc,), daemon=True)
+        self._reader.start()
+        return proc
+
+    def _drain(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.log.append(line.rstrip("\n"))
+            if self._banner_word and self._banner_word in line and not self._banner.is_set():
+                self._banner_text = line
+                self._banner.set()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_banner(self, word: str, timeout_s: float) -> str:
+        """The first stderr line containing ``word``."""
+        self._banner_word = word
+        for line in list(self.log):
+            if word in line:
+                return line
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._banner.wait(0.05):
+                return self._banner_text or ""
+            if not self.is_alive:
+                break
+        raise KvtideError(f"{self.name} did not start: {self.tail()}")
+
+    def wait_http(self, url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.is_alive:
+                break
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as resp:
+                    if resp.status < 500:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)
+        raise KvtideError(f"{self.name}: {url} did not answer: {self.tail()}")
+
+    def tail(self, lines: int = 5) -> str:
+        prefix = "" if self.is_alive else f"exited with {self.proc.returncode}; "
+        return prefix + (" | ".join(list(self.log)[-lines:]) or "no output")
+
+    def kill(self) -> None:
+        """SIGKILL now (a crash, for fault tests)."""
+        if self.is_alive:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def restart(self) -> None:
+        """The same command again (same ports) after the process ended."""
+        assert not self.is_alive, "restart() of a live process"
+        self._banner.clear()
+        self._banner_text = None
+        self.log.clear()
+        self.proc = self._spawn()
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM (the servers drain on it), then SIGKILL after ``timeout_s``."""
+        if self.is_alive:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout_s)
+            except ProcessLookupError:
+                pass
+        self._reader.join(2.0)
+        return self.proc.returncode
+
+
+@dataclass
+class Engine:
+    """A `kvtide engine` child with its HTTP and KV-event ports."""
+
+    process: ChildProcess
+    port: int
+    events_port: int
+    replay_port: int
+    model: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def replica_spec(self) -> str:
+        """The engine as `kvtide serve --replica` takes it."""
+        return (
+            f"{self.url}={self.model},events=tcp://{LOOPBACK}:{self.events_port},"
+            f"replay=tcp://{LOOPBACK}:{self.replay_port}"
+        )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        self.process.wait_banner("serving", timeout_s)
+        self.process.wait_http(f"{self.url}/health", timeout_s)
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        self.process.restart()
+        self.wait_ready(timeout_s)
+
+
+def start_engine(
+    group: ProcessGroup, model: str, engine_args: Sequence[str] = (), name: str = "engine"
+) -> Engine:
+    """Starts (does not wait for) one emulated engine on free loopback ports, in ``group``."""
+    port, events, replay = free_port(), free_port(), free_port()
+    args = [sys.executable, "-m", "kvtide", "engine", "--host", LOOPBACK, "--port", str(port),
+            "--served-model-name", model, "--kv-events-port", str(events),
+            "--kv-events-replay-port", str(replay), *engine_args]  # fmt: skip
+    child = group.add(ChildProcess(args, f"{name} :{port}"))
+    return Engine(child, port, events, replay, model)
+
+
+@dataclass
+class Gateway:
+    process: ChildProcess
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
+def start_gateway(
+    group: ProcessGroup,
+    engines: Sequence[Engine],
+    policy: str,
+    gateway_args: Sequence[str] = (),
+    timeout_s: float = 60.0,
+) -> Gateway:
+    """`kvtide serve` in front of ``engines`` with ``policy``, in ``group``; returns once its
+    /health answers."""
+    port = free_port()
+    args = [sys.executable, "-m", "kvtide", "serve", "--host", LOOPBACK, "--port", str(port),
+            "--policy", policy, *gateway_args]  # fmt: skip
+    for e in engines:
+        args += ["--replica", e.replica_spec]
+    gw = Gateway(group.add(ChildProcess(args, f"gateway :{port}")), port)
+    gw.process.wait_http(f"{gw.url}/health", timeout_s)
+    return gw
+
+
+@dataclass
+class ProcessGroup:
+    """Every child started for one run, stopped together (reverse order) by ``stop_all``."""
+
+    children: list[ChildProcess] = field(default_factory=list)
+    on_stop: Callable[[ChildProcess], None] | None = None
+
+    def add(self, child: ChildProcess) -> ChildProcess:
+        self.children.append(child)
+        return child
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children]
+
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        for child in reversed(self.children):
+            child.stop(timeout_s)
+            if self.on_stop is not None:
+                self.on_stop(child)
+        self.children.clear()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            self.stop_all()
+            return
+        # a second Ctrl-C while stopping must not leave children behind
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.stop_all()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def wait_all_ready(engines: Sequence[Engine], timeout_s: float = 90.0) -> None:
+    for e in engines:
+        e.wait_ready(timeout_s)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (Linux /proc; 0.0 where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # fields[11], [12] are utime, stime (fields 14 and 15 of proc(5), counted from the state)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (Linux /proc; 0 where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
