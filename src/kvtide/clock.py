@@ -49,6 +49,33 @@ class ManualClock:
         self._now = now
 
 
+class ScaledClock:
+    """Wall time run ``speedup`` times faster, from 0 at construction: the emulated engine's
+    clock, so that its timing model (seconds a GPU would take) plays out in real time / X.
+
+    ``to_wall_s`` turns a span of this clock's seconds into the wall seconds to sleep."""
+
+    __slots__ = ("_start", "speedup")
+
+    def __init__(self, speedup: float = 1.0) -> None:
+        if not speedup > 0 or speedup == float("inf"):
+            raise ValueError("a clock's speedup must be a positive finite number")
+        self.speedup = speedup
+        self._start = time.monotonic()
+
+    def now(self) -> float:
+        return (time.monotonic() - self._start) * self.speedup
+
+    def to_wall_s(self, seconds: float) -> float:
+        return seconds / self.speedup
+
+
+def epoch_s() -> int:
+    """Whole seconds since the Unix epoch: the ``created`` stamp of API responses, never a
+    duration (durations come from a Clock)."""
+    return int(time.time())
+
+
 def require_clock(clock: object, owner: str) -> Clock:
     """``clock`` if it can tell the time; otherwise a ``ConfigError`` naming ``owner``.
 

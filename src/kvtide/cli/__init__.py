@@ -25,6 +25,8 @@ _SUBCOMMANDS: dict[str, str] = {
     "cost": "kvtide.cli.cost",
     "calibrate": "kvtide.cli.calibrate",
     "alerts": "kvtide.cli.alerts",
+    "engine": "kvtide.cli.engine",
+    "load": "kvtide.cli.load",
 }
 
 

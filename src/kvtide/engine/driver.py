@@ -98,16 +98,15 @@ class EngineDriver:
         """Drops request ``request_id`` (waiting or running, mid-prefill or mid-decode) and
         releases its KV; the next ``on_wake`` reports it with ``finish_reason="abort"``.
         ``False`` if the engine does not hold it (finished, never added)."""
-        seq = self.scheduler.abort(request_id)
+        batch = self._batch
+        done = 0
+        if batch is not None and batch.num_steps > 1:
+            # The run's steps done by now produced their tokens (streamed, if streaming): they
+            # count, though the run is applied only at its end, which no longer carries it.
+            done = self._emitted if self.stream else self._steps_done(batch, now)
+        seq = self.scheduler.abort(request_id, run_steps_done=done)
         if seq is None:
             return False
-        batch = self._batch
-        if batch is not None and batch.num_steps > 1 and seq in batch.decode:
-            # The run's steps done by now produced its tokens (streamed, if streaming): they
-            # count, though the run is applied only at its end, which now skips it.
-            done = self._emitted if self.stream else self._steps_done(batch, now)
-            seq.generate(done)
-            self.scheduler.stats.decode_tokens += done
         self._outbox.append(StepOutput(request_id, seq.num_generated, now, finish_reason="abort"))
         self._notice(now)
         return True
@@ -192,8 +191,7 @@ class EngineDriver:
             if time_s > until_s:
                 break
             for seq in batch.decode:
-                if not seq.is_aborted:
-                    out.append(StepOutput(seq.request.request_id, seq.num_generated + k, time_s))
+                out.append(StepOutput(seq.request.request_id, seq.num_generated + k, time_s))
             k += 1
         self._emitted = k - 1
 
@@ -204,7 +202,7 @@ class EngineDriver:
         out = self._outbox
         stream = self.stream
         for seq, _ in batch.prefill:
-            if seq.is_aborted or seq.is_prefilling:
+            if seq.is_prefilling:
                 continue  # a chunk before the last yields no token
             first = seq.num_generated == 1
             record = by_id.get(seq.request.request_id) if by_id is not None else None
@@ -212,13 +210,12 @@ class EngineDriver:
                 out.append(self._output(seq, end_s, first, record))
         if stream and self._emitted < self._steps:  # else a cut run's last step is out
             for seq in batch.decode:
-                if not seq.is_aborted:
-                    record = by_id.get(seq.request.request_id) if by_id is not None else None
-                    out.append(self._output(seq, end_s, False, record))
+                record = by_id.get(seq.request.request_id) if by_id is not None else None
+                out.append(self._output(seq, end_s, False, record))
         elif by_id is not None:
             for seq in batch.decode:
                 record = by_id.get(seq.request.request_id)
-                if record is not None and not seq.is_aborted:
+                if record is not None:
                     out.append(self._output(seq, end_s, False, record))
 
     @staticmethod

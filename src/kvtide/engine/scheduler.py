@@ -92,7 +92,6 @@ class Sequence:
         "hashes",
         "hit_tokens",
         "host_hit_tokens",
-        "is_aborted",
         "is_prefilled",
         "kv_capacity_tokens",
         "num_computed",
@@ -127,7 +126,6 @@ class Sequence:
         self.output_limit = max(1, request.output_tokens)
         self.hit_tokens = -1  # -1 until first admitted
         self.cached_tokens = 0  # what vLLM reports as usage's cached_tokens (see _count_hits)
-        self.is_aborted = False
         self.fetched_tokens = 0
         self.host_hit_tokens = 0
         self.disk_hit_tokens = 0
@@ -222,6 +220,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.stats = EngineStats()
         self._ready_events: list[KVEvent] = []
+        self._planned: Batch | None = None  # the batch between schedule() and complete()
 
     # --- intake ---------------------------------------------------------------------------
 
@@ -267,10 +266,13 @@ class Scheduler:
         (the blocks its prefill chunks compute, the evictions that made room) are held until
         ``complete``: a block is never announced before the iteration computing it is done,
         as vLLM publishes a step's events after its output."""
-        events = self._ready_events
+        ready = self._ready_events
+        late = self._cache_events()  # the cache's own doings outside an iteration, if any
+        if not ready:
+            return late
         self._ready_events = []
-        events.extend(self._cache_events())
-        return events
+        ready.extend(late)
+        return ready
 
     def _cache_events(self) -> list[KVEvent]:
         if self.tiers is not None:
@@ -307,7 +309,6 @@ class Scheduler:
             self._ready_events.extend(self._cache_events())
             return None
         now = self.clock.now() if start_s is None else start_s
-        events = self._cache_events()
         if prefill:
             timer = self.timer
             chunks = [(n, s.num_computed) for s, n in prefill]
@@ -317,10 +318,12 @@ class Scheduler:
                 if seq.onboard_s:  # the fetch shares the NIC with any other in this step
                     step += seq.onboard_s
                     seq.onboard_s = 0.0
-            return Batch(now, prefill, decode, DecodeRun(1, step), events)
-        run = self._plan_run(decode)
-        events.extend(self._cache_events())  # evictions for the blocks reserved ahead
-        return Batch(now, prefill, decode, run, events)
+            batch = Batch(now, prefill, decode, DecodeRun(1, step), self._cache_events())
+        else:
+            run = self._plan_run(decode)  # may evict for the blocks it reserves ahead
+            batch = Batch(now, prefill, decode, run, self._cache_events())
+        self._planned = batch
+        return batch
 
     def _plan_run(self, decode: list[Sequence]) -> DecodeRun:
         """Decode-only iterations: as many as nothing but time can change (until the first
@@ -612,9 +615,8 @@ class Scheduler:
         stats.busy_s += batch.run.elapsed_s(run_steps)
         stats.num_iterations += run_steps
         finished: list[Sequence] = []
+        self._planned = None
         for seq, chunk in batch.prefill:
-            if seq.is_aborted:
-                continue
             seq.num_computed += chunk
             seq.prefill_tokens += chunk
             stats.prefill_tokens += chunk
@@ -624,16 +626,12 @@ class Scheduler:
                     seq.first_token_s = end_s
                 if self.config.prefill_only or seq.num_generated >= seq.output_tokens:
                     finished.append(seq)
-        decoding = 0
         for seq in batch.decode:
-            if seq.is_aborted:
-                continue
-            decoding += 1
             seq.num_generated += run_steps
             seq.num_tokens += run_steps
             if seq.num_generated >= seq.output_limit:
                 finished.append(seq)
-        stats.decode_tokens += run_steps * decoding
+        stats.decode_tokens += run_steps * len(batch.decode)
         records = [self._finish(seq, end_s) for seq in finished]
         stats.num_finished += len(records)
         return records
@@ -660,11 +658,13 @@ class Scheduler:
 
     # --- abort and failure ----------------------------------------------------------------
 
-    def abort(self, request_id: str) -> Sequence | None:
+    def abort(self, request_id: str, *, run_steps_done: int = 0) -> Sequence | None:
         """Drops request ``request_id`` wherever it is (a client went away): its private
         blocks return to the pool and its lock on the cached prefix is released (those blocks
-        stay cached and become evictable). An iteration already planned with it skips it on
-        ``complete``. Returns the sequence, or ``None`` if no such request is in the engine."""
+        stay cached and become evictable). The planned iteration keeps its timing but no
+        longer carries it; if it decodes in a planned run, that run's first ``run_steps_done``
+        steps count as done for it (their tokens were out). Returns the sequence, or ``None``
+        if no such request is in the engine."""
         for seq in self.waiting:
             if seq.request.request_id == request_id:
                 self.waiting.remove(seq)
@@ -676,13 +676,22 @@ class Scheduler:
                     break
             else:
                 return None
+        planned = self._planned
+        if planned is not None:
+            if seq in planned.decode:
+                planned.decode.remove(seq)
+                if run_steps_done:
+                    seq.generate(run_steps_done)
+                    self.stats.decode_tokens += run_steps_done
+            else:
+                planned.prefill[:] = [(s, n) for s, n in planned.prefill if s is not seq]
         self._release(seq)
-        seq.is_aborted = True
         self.stats.num_aborted += 1
         return seq
 
     def drain(self) -> list[Sequence]:
         """Drops every request (a crash): releases their KV and returns them, oldest first."""
+        self._planned = None
         seqs = sorted(self.running, key=lambda s: s.arrival_s) + list(self.waiting)
         for seq in self.running:
             self._release(seq)

@@ -11,8 +11,11 @@ import pytest
 from kvtide.clock import ManualClock
 from kvtide.core.events import BlockStored, KVEvent
 from kvtide.core.hashing import BlockHashes, hash_tokens
+from kvtide.core.node import Node
+from kvtide.engine.scheduler import EngineConfig
 from kvtide.engine.timing import IterationTimer
 from kvtide.routing import GlobalPrefixIndex, ReplicaState, RouteDecision, RouteRequest
+from kvtide.routing.affinity import Precise
 from kvtide.routing.policies import RoundRobin, RoutingContext
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
@@ -180,3 +183,58 @@ def test_a_global_kv_pool_fetches_a_prefix_from_a_peer() -> None:
     assert b.prefill_tokens == 1  # the last prompt token is always computed
     assert b.first_token_s == pytest.approx(1.0 + 0.001 + 0.004)
     assert fleet.hit_tokens_by_tier == {"device": 0, "remote": 8}
+
+
+def test_the_event_fed_index_ends_holding_exactly_what_each_cache_holds() -> None:
+    """Chunked prefills (4 tokens an iteration), shared prefixes, evictions, two replicas:
+    blocks announced as their chunks complete add up to each cache's contents."""
+    index = GlobalPrefixIndex(1024)
+    engine = EngineConfig(max_batched_tokens=4)
+    fleet, _, _, loop = make_fleet(index, num_replicas=2, engine=engine)
+    seen: set[int] = set()
+    for i in range(60):
+        start = 1 + 50 * (i % 40)
+        tokens = np.arange(start, start + 24 + i % 9, dtype=np.int32)
+        req = Request(f"q{i}", 0.003 * i, len(tokens), 1 + i % 4, BLOCK, token_ids=tokens)
+        seen.update(hasher(req).tolist())
+        loop.at(req.arrival_s, fleet.submit, req)
+    loop.run()
+    assert sum(r.cache.tree.num_evicted_total for r in fleet.replicas) > 0
+    for replica in fleet.replicas:
+        rid = replica.state.replica_id
+        assert {h for h in seen if index.holds(rid, h)} == cached_blocks(replica.cache.tree.root)
+
+
+def cached_blocks(root: Node) -> set[int]:
+    out: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        out.update(BlockHashes(node.key).tolist())
+        stack.extend(node.children.values())
+    return out
+
+
+def test_precise_routing_follows_the_blocks_once_they_are_computed() -> None:
+    clock = ManualClock()
+    loop = EventLoop(clock)
+    index = GlobalPrefixIndex(1024)
+    policy = Precise(RoutingContext(clock=clock, block_tokens=BLOCK, index=index))
+    fleet = Fleet(
+        FleetConfig(num_replicas=4, capacity_blocks=64, block_tokens=BLOCK),
+        policy,
+        index,
+        IterationTimer(FlatCost(), 0.0),
+        loop,
+        hasher=hasher,
+        rng=random.Random(0),
+    )
+    prompt = np.arange(1, 33, dtype=np.int32)  # 8 blocks: a 32 ms prefill
+    first = Request("first", 0.0, 32, 1, BLOCK, token_ids=prompt)
+    again = Request("again", 1.0, 32, 1, BLOCK, token_ids=prompt)
+    loop.at(0.0, fleet.submit, first)
+    loop.at(1.0, fleet.submit, again)
+    loop.run()
+    records = {r.request_id: r for r in fleet.metrics.records}
+    assert records["again"].hit_tokens == 32  # routed to the replica that computed it
+    assert fleet.route_reasons  # the policy explained itself

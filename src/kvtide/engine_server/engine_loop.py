@@ -1,0 +1,243 @@
+"""The emulated engine's asyncio task: the simulator's ``EngineDriver`` and ``Scheduler`` on a
+``ScaledClock``, woken when the next token is due, its step outputs sent to request streams.
+
+One model, two clocks: the simulator calls the same driver from its event heap on a
+ManualClock; here the wake-up is a ``loop.call_later`` timer on the wall clock (scaled by
+``--speedup``) and arrivals and aborts come from HTTP handlers on the same thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from kvtide.clock import ScaledClock
+from kvtide.core.hashing import BlockHashes, Namespace, hash_tokens
+from kvtide.engine.driver import EngineDriver, StepOutput
+from kvtide.engine.scheduler import RequestRecord, Scheduler
+from kvtide.engine_server.kv_publisher import EnginePublisher
+from kvtide.engine_server.metrics import EngineMetrics
+from kvtide.engine_server.stream import RequestStream
+from kvtide.text import Tokenizer
+from kvtide.types import Request
+
+FILLER_WORDS = [
+    "",
+    "the",
+    "tide",
+    "came",
+    "in",
+    "over",
+    "the",
+    "flats",
+    "while",
+    "the",
+    "harbour",
+    "master",
+    "kept",
+    "his",
+    "log",
+    "of",
+    "every",
+    "ship",
+    "that",
+    "passed",
+    "the",
+    "light",
+    "and",
+    "the",
+    "clerk",
+    "wrote",
+    "down",
+    "each",
+    "name",
+    "and",
+    "each",
+    "cargo",
+][1:]
+
+
+def filler_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[str]]:
+    """Token ids and texts of the emulated output: words that are one token each, cycled."""
+    ids: list[int] = []
+    texts: list[str] = []
+    for word in FILLER_WORDS:
+        enc = tokenizer.encode(" " + word, add_special_tokens=False)
+        if len(enc) == 1:
+            ids.append(enc[0])
+            texts.append(tokenizer.decode(enc))
+    if not ids:  # a tokenizer with no such words: its first ordinary ids
+        ids = list(range(min(16, tokenizer.vocab_size)))
+        texts = [tokenizer.decode([i]) for i in ids]
+    return ids, texts
+
+
+def salt_seed(model: str, cache_salt: str | None) -> int:
+    """The hash namespace of a request: the served model and vLLM's ``cache_salt``, so that two
+    salts never share a block (the salt is the client's, as in vLLM; a gateway sets it per
+    tenant server-side)."""
+    salt = b"" if cache_salt is None else b"cache_salt:" + cache_salt.encode()
+    return Namespace(model=model, tenant_salt=salt).seed
+
+
+class EmulatedEngine:
+    """Runs ``driver`` in real time; ``submit`` and ``abort`` may be called from any handler."""
+
+    def __init__(
+        self,
+        driver: EngineDriver,
+        clock: ScaledClock,
+        metrics: EngineMetrics,
+        model_name: str,
+        filler: Sequence[str],
+        publisher: EnginePublisher | None = None,
+        on_record: Callable[[RequestRecord], None] = lambda record: None,
+    ) -> None:
+        """``on_record`` receives each finished request's record on the engine's clock (what
+        the simulator's metrics read), for tests and diagnosis."""
+        self.driver = driver
+        self.on_record = on_record
+        self.scheduler: Scheduler = driver.scheduler
+        self.clock = clock
+        self.metrics = metrics
+        self.model_name = model_name
+        self.filler = list(filler)
+        self.publisher = publisher
+        self.block_tokens = self.scheduler.block_tokens
+        self.blocks = publisher.blocks if publisher is not None else None
+        self._streams: dict[str, RequestStream] = {}
+        self._hashes: dict[str, BlockHashes] = {}
+        self._seeds: dict[str | None, int] = {}
+        self._kick: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        metrics.bind_gauges(
+            lambda: float(self.scheduler.num_running),
+            lambda: float(self.scheduler.num_waiting),
+            self.kv_usage,
+        )
+
+    def kv_usage(self) -> float:
+        """Fraction of the KV pool held by requests (cached but unreferenced blocks count as
+        free, as in vLLM's ``kv_cache_usage_perc``)."""
+        cache = self.scheduler.cache
+        return 1.0 - (cache.pool.num_free + cache.num_evictable_blocks) / cache.capacity_blocks
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def hashes_for(self, token_ids: Sequence[int], cache_salt: str | None) -> BlockHashes:
+        seed = self._seeds.get(cache_salt)
+        if seed is None:
+            seed = self._seeds[cache_salt] = salt_seed(self.model_name, cache_salt)
+        return hash_tokens(np.asarray(token_ids, dtype=np.int64), self.block_tokens, seed)
+
+    def submit(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        cache_salt: str | None,
+    ) -> RequestStream:
+        """Queues a request now; raises ``CapacityError`` when it can never fit the KV pool."""
+        now = self.clock.now()
+        hashes = self.hashes_for(token_ids, cache_salt)
+        request = Request(
+            request_id=request_id,
+            arrival_s=now,
+            prompt_tokens=len(token_ids),
+            output_tokens=max_tokens,
+            block_tokens=self.block_tokens,
+        )
+        self.driver.add(request, hashes, now)
+        stream = RequestStream(request_id, len(token_ids), max_tokens, self.metrics)
+        self._streams[request_id] = stream
+        if self.blocks is not None:
+            self._hashes[request_id] = hashes
+            self.blocks.hold(hashes, token_ids, cache_salt)
+        self._wake()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """The client went away (or a stop string ended it): free its KV now."""
+        if self.driver.abort(request_id, self.clock.now()):
+            self._wake()
+
+    def _wake(self) -> None:
+        kick = self._kick
+        if kick is not None and not kick.done():
+            kick.set_result(None)
+
+    def step(self) -> None:
+        """Applies what is due by now and hands the tokens to their streams."""
+        now = self.clock.now()
+        outputs = self.driver.on_wake(now)
+        if self.publisher is not None:
+            # before the outputs: a request that finishes here releases its blocks' tokens
+            events = self.driver.take_events()
+            if events:
+                self.publisher.publish(events, now)
+        if outputs:
+            self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        streams = self._streams
+        filler = self.filler
+        k = len(filler)
+        for out in outputs:
+            stream = streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finish_reason == "abort":
+                self._end(stream, "abort")
+                continue
+            if out.is_first_token:
+                stream.first_token(out.cached_tokens)
+            stream.push(filler[(out.num_generated - 1) % k])
+            if out.record is not None:
+                self.on_record(out.record)
+            if out.finish_reason is not None:
+                self._end(stream, out.finish_reason)
+
+    def _end(self, stream: RequestStream, reason: str) -> None:
+        stream.finish(reason)
+        del self._streams[stream.request_id]
+        hashes = self._hashes.pop(stream.request_id, None)
+        if hashes is not None and self.blocks is not None:
+            self.blocks.release(hashes)
+
+    async def run(self) -> None:
+        """The engine task: step, sleep until the next token is due or work arrives, repeat.
+        Ends when ``close`` is called."""
+        loop = asyncio.get_running_loop()
+        clock = self.clock
+        while not self._closed:
+            self.step()
+            kick = self._kick = loop.create_future()
+            wake = self.driver.next_wake_s
+            timer = None
+            if wake is not None:
+                delay = clock.to_wall_s(wake - clock.now())
+                timer = loop.call_later(delay if delay > 0 else 0, _resolve, kick)
+            await kick
+            if timer is not None:
+                timer.cancel()
+
+    def close(self) -> None:
+        """Stops the task; requests still in flight end with ``abort``."""
+        self._closed = True
+        for stream in list(self._streams.values()):
+            self._end(stream, "abort")
+        self._wake()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,177 @@
+"""vLLM's Prometheus metrics, same names, types and buckets (vllm/v1/metrics/loggers.py, vLLM
+0.33), exposed with prometheus-client; latencies are the wall seconds clients see.
+
+The values live in plain ints and floats and reach prometheus-client through one collector at
+scrape time: an inter-token latency is observed once per streamed token, and
+``Histogram.observe`` (a lock and a Python loop over the buckets, ~19 µs here) cost more than
+the rest of a token's path; ``bisect`` into a list costs well under a microsecond.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)  # fmt: skip
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+FINISH_REASONS = ("stop", "length", "abort")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LABELS = ("model_name", "engine")
+
+
+class _Histogram:
+    """Bucket counts (``le`` inclusive, as Prometheus), a sum and a count."""
+
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = list(bounds)
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, n in zip([*map(repr, self.bounds), "+Inf"], self.counts, strict=True):
+            running += n
+            out.append((bound, float(running)))
+        return out
+
+
+class EngineMetrics:
+    """The counters, gauges and histograms of one engine; ``render()`` is the /metrics body."""
+
+    def __init__(self, model_name: str) -> None:
+        self.labels = [model_name, "0"]
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.ttft = _Histogram(TTFT_BUCKETS)
+        self.itl = _Histogram(ITL_BUCKETS)
+        self.e2e = _Histogram(E2E_BUCKETS)
+        zero: Callable[[], float] = lambda: 0.0  # noqa: E731
+        self._gauges = {"running": zero, "waiting": zero, "usage": zero}
+        self.registry = CollectorRegistry()
+        self.registry.register(_Families(self))
+
+    def bind_gauges(
+        self,
+        running: Callable[[], float],
+        waiting: Callable[[], float],
+        kv_usage: Callable[[], float],
+    ) -> None:
+        """Gauges read from the engine at scrape time (no bookkeeping on the hot path)."""
+        self._gauges = {"running": running, "waiting": waiting, "usage": kv_usage}
+
+    def first_token(self, ttft_s: float) -> None:
+        self.ttft.observe(ttft_s)
+
+    def inter_token(self, itl_s: float) -> None:
+        self.itl.observe(itl_s)
+
+    def finished(
+        self, reason: str, prompt_tokens: int, output_tokens: int, cached_tokens: int, e2e_s: float
+    ) -> None:
+        """A request left the engine: its tokens count as vLLM counts them (prefix-cache
+        queries are prompt tokens, hits the cached tokens reported in ``usage``)."""
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += output_tokens
+        self.prefix_queries += prompt_tokens
+        self.prefix_hits += cached_tokens
+        if reason in self.success:
+            self.success[reason] += 1
+        if reason != "abort":
+            self.e2e.observe(e2e_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def families(self) -> Iterator[Metric]:
+        lab = self.labels
+        gauges = self._gauges
+        for name, doc, key in (
+            ("vllm:num_requests_running", "Requests in model execution batches.", "running"),
+            ("vllm:num_requests_waiting", "Requests waiting to be processed.", "waiting"),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.", "usage"),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=LABELS)
+            g.add_metric(lab, float(gauges[key]()))
+            yield g
+        for name, doc, value in (
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                self.prefix_queries,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                self.prefix_hits,
+            ),
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                self.generation_tokens,
+            ),
+        ):
+            c = CounterMetricFamily(name, doc, labels=LABELS)
+            c.add_metric(lab, float(value))
+            yield c
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=(*LABELS, "finished_reason"),
+        )
+        for reason, n in self.success.items():
+            success.add_metric([*lab, reason], float(n))
+        yield success
+        for name, doc, hist in (
+            (
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                self.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                self.itl,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                self.e2e,
+            ),
+        ):
+            h = HistogramMetricFamily(name, doc, labels=LABELS)
+            h.add_metric(lab, hist.cumulative(), hist.total)
+            yield h
+
+
+class _Families(Collector):
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self.metrics.families()

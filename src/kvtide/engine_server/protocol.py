@@ -1,0 +1,379 @@
+"""The OpenAI / vLLM request bodies the engine accepts, checked field by field, and the response
+bodies it returns, in vLLM's shapes (vllm/entrypoints/openai/protocol.py, vLLM 0.33).
+
+Parsing never raises anything but ``ApiError`` (400 with the field as ``param``): a wrong type,
+a missing field or an out-of-range value is the client's mistake, not a traceback.
+Sampling parameters the emulator does not model (temperature, top_p, seed, ...) are accepted
+when they have the right type and otherwise ignored, as an engine with greedy decoding would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kvtide.engine_server.api_errors import bad_request
+
+Kind = Literal["completion", "chat"]
+
+_NUMBER_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One completion or chat completion request, its prompt not yet tokenized."""
+
+    kind: Kind
+    model: str | None
+    prompt_text: str | None
+    prompt_ids: tuple[int, ...] | None
+    messages: tuple[Mapping[str, Any], ...] | None
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    cache_salt: str | None
+    add_generation_prompt: bool = True
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _type_name(v: object) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(v), "null" if v is None else type(v).__name__
+    )
+
+
+def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
+    v = body.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    raise bad_request(f"'{key}' must be a string, got {_type_name(v)}", key)
+
+
+def _opt_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        return v
+    raise bad_request(f"'{key}' must be a boolean, got {_type_name(v)}", key)
+
+
+def _opt_positive_int(body: Mapping[str, Any], key: str) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise bad_request(f"'{key}' must be an integer, got {_type_name(v)}", key)
+    if v < 1:
+        raise bad_request(f"'{key}' must be at least 1, got {v}", key)
+    return int(v)
+
+
+def _check_common(body: Mapping[str, Any]) -> None:
+    for key in _NUMBER_FIELDS:
+        v = body.get(key)
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+        ):
+            raise bad_request(f"'{key}' must be a finite number, got {_type_name(v)}", key)
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise bad_request("only n=1 is supported", "n")
+    if body.get("best_of") not in (None, 1):
+        raise bad_request("only best_of=1 is supported", "best_of")
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        return (v,) if v else ()
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return tuple(s for s in v if s)
+    raise bad_request("'stop' must be a string or an array of strings", "stop")
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    if not stream:
+        raise bad_request("'stream_options' is only allowed with stream=true", "stream_options")
+    return _opt_bool(opts, "include_usage", False)
+
+
+def _token_ids(v: Sequence[Any], param: str) -> tuple[int, ...]:
+    if not all(_is_int(t) and t >= 0 for t in v):
+        raise bad_request(f"'{param}' token ids must be non-negative integers", param)
+    return tuple(int(t) for t in v)
+
+
+def parse_completion(body: object) -> Generation:
+    """``POST /v1/completions``: ``prompt`` as text, token ids, or a batch of one of either."""
+    body = _object(body)
+    _check_common(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        ids = _token_ids(prompt, "prompt")
+    elif prompt is None:
+        raise bad_request("'prompt' is required", "prompt")
+    elif isinstance(prompt, list) and len(prompt) != 1:
+        raise bad_request(
+            "'prompt' must be one prompt: batched prompts are not supported", "prompt"
+        )
+    else:
+        raise bad_request("'prompt' must be a string or an array of token ids", "prompt")
+    if text is not None and not text:
+        raise bad_request("'prompt' must not be empty", "prompt")
+    stream = _opt_bool(body, "stream", False)
+    return Generation(
+        kind="completion",
+        model=_opt_str(body, "model"),
+        prompt_text=text,
+        prompt_ids=ids,
+        messages=None,
+        max_tokens=_opt_positive_int(body, "max_tokens"),
+        stream=stream,
+        include_usage=_stream_options(body, stream),
+        stop=_stop(body),
+        ignore_eos=_opt_bool(body, "ignore_eos", False),
+        cache_salt=_cache_salt(body),
+    )
+
+
+def parse_chat(body: object) -> Generation:
+    """``POST /v1/chat/completions``: ``messages`` rendered later by the chat template."""
+    body = _object(body)
+    _check_common(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array", "messages")
+    checked: list[Mapping[str, Any]] = []
+    for i, m in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"'{param}' must be an object", param)
+        if not isinstance(m.get("role"), str):
+            raise bad_request(f"'{param}.role' must be a string", f"{param}.role")
+        checked.append({**m, "content": _content(m.get("content"), f"{param}.content")})
+    max_tokens = _opt_positive_int(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _opt_positive_int(body, "max_tokens")
+    stream = _opt_bool(body, "stream", False)
+    return Generation(
+        kind="chat",
+        model=_opt_str(body, "model"),
+        prompt_text=None,
+        prompt_ids=None,
+        messages=tuple(checked),
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=_stream_options(body, stream),
+        stop=_stop(body),
+        ignore_eos=_opt_bool(body, "ignore_eos", False),
+        cache_salt=_cache_salt(body),
+        add_generation_prompt=_opt_bool(body, "add_generation_prompt", True),
+    )
+
+
+def _content(v: object, param: str) -> str:
+    """A message's content: a string, or text parts joined as vLLM joins them."""
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        texts = []
+        for part in v:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise bad_request(f"'{param}' parts must be text parts", param)
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"'{param}' text parts need a string 'text'", param)
+            texts.append(text)
+        return "\n".join(texts)
+    raise bad_request(f"'{param}' must be a string or an array of text parts", param)
+
+
+def _cache_salt(body: Mapping[str, Any]) -> str | None:
+    salt = _opt_str(body, "cache_salt")
+    if salt is not None and not salt:
+        raise bad_request("'cache_salt' must not be empty", "cache_salt")
+    return salt
+
+
+def _object(body: object) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    model: str | None
+    prompt: str | None
+    messages: tuple[Mapping[str, Any], ...] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+
+
+def parse_tokenize(body: object) -> TokenizeRequest:
+    """``POST /tokenize``: ``prompt`` (completions) or ``messages`` (chat), as vLLM takes."""
+    body = _object(body)
+    prompt = body.get("prompt")
+    messages = body.get("messages")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise bad_request("'prompt' must be a string", "prompt")
+        return TokenizeRequest(
+            _opt_str(body, "model"),
+            prompt,
+            None,
+            _opt_bool(body, "add_special_tokens", True),
+            False,
+        )
+    if messages is None:
+        raise bad_request("'prompt' or 'messages' is required", "prompt")
+    chat = parse_chat({"messages": messages})
+    return TokenizeRequest(
+        _opt_str(body, "model"),
+        None,
+        chat.messages,
+        _opt_bool(body, "add_special_tokens", False),
+        _opt_bool(body, "add_generation_prompt", True),
+    )
+
+
+def parse_detokenize(body: object) -> tuple[str | None, tuple[int, ...]]:
+    body = _object(body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list):
+        raise bad_request("'tokens' must be an array of token ids", "tokens")
+    return _opt_str(body, "model"), _token_ids(tokens, "tokens")
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """vLLM's ``UsageInfo`` with ``prompt_tokens_details`` (``--enable-prompt-tokens-details``)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def completion_body(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    stop_reason: str | None,
+    use: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+                "prompt_logprobs": None,
+            }
+        ],
+        "usage": use,
+        "system_fingerprint": None,
+        "kv_transfer_params": None,
+    }
+
+
+def chat_body(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    stop_reason: str | None,
+    use: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": [],
+                    "reasoning_content": None,
+                },
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": use,
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
+    }
+
+
+def models_body(name: str, created: int, max_model_len: int) -> dict[str, Any]:
+    """``GET /v1/models`` as vLLM lists its one served model."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "kvtide",
+                "root": name,
+                "parent": None,
+                "max_model_len": max_model_len,
+                "permission": [],
+            }
+        ],
+    }

@@ -1,0 +1,252 @@
+"""Builds an engine server from its config and serves it: the ASGI app on Granian's embedded
+server (measured fastest here, docs/http_stack.md), in this process's own uvloop; SIGTERM and
+SIGINT drain (new generations get 503 while those in flight finish), then the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from kvtide.clock import ScaledClock
+from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.engine.driver import EngineDriver
+from kvtide.engine.scheduler import EngineConfig, Scheduler
+from kvtide.engine.timing import IterationTimer
+from kvtide.engine_server.app import ApiLimits, Backend, EngineApp
+from kvtide.engine_server.engine_loop import EmulatedEngine, filler_tokens
+from kvtide.engine_server.kv_publisher import BlockTokens, EnginePublisher, EventFormat
+from kvtide.engine_server.metrics import EngineMetrics
+from kvtide.errors import ConfigError
+from kvtide.state.kv_events import KvEventPublisher
+from kvtide.text import Tokenizer, smollm2
+
+log = logging.getLogger("kvtide.engine_server")
+
+REAL_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """``kvtide engine``'s flags. ``model`` is a cost-model preset or config.json (emulated),
+    or ``smollm2-135m`` (the real model on the CPU)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "llama-3-8b"
+    gpu: str = "h100"
+    tp: int = 1
+    kv_cache_tokens: int = 262_144
+    block_tokens: int = 16
+    eviction: str = "lru"
+    host_cache_tokens: int = 0
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    speedup: float = 1.0
+    served_model_name: str | None = None
+    tokenizer: Path | None = None
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
+    kv_events_format: EventFormat = "vllm"
+    max_model_len: int = 32_768
+    max_waiting: int = 1024
+    max_body_bytes: int = 4 << 20
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+@dataclass(slots=True)
+class Built:
+    app: EngineApp
+    backend: Backend
+    publisher: EnginePublisher | None
+    scheduler: Scheduler | None
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+def load_tokenizer(config: ServerConfig) -> Tokenizer:
+    if config.tokenizer is not None:
+        return Tokenizer.load(config.tokenizer)
+    return smollm2()
+
+
+def build(config: ServerConfig) -> Built:
+    """The app and its backend, ready to serve (sockets for KV events bound)."""
+    tokenizer = load_tokenizer(config)
+    metrics = EngineMetrics(config.name)
+    if config.model == REAL_MODEL:
+        from kvtide.engine_server.real_model import RealModelEngine
+
+        real = RealModelEngine.create(config, tokenizer, metrics)
+        limits = _limits(config, min(config.max_model_len, real.max_model_len))
+        return Built(EngineApp(real, tokenizer, metrics, limits), real, None, None)
+    scheduler, clock = build_scheduler(config, record_events=config.kv_events_port is not None)
+    publisher = None
+    if config.kv_events_port is not None:
+        publisher = EnginePublisher(
+            bind_publisher(config),
+            BlockTokens(config.block_tokens),
+            event_format=config.kv_events_format,
+        )
+        publisher.publisher.start_replay_thread()
+    _, texts = filler_tokens(tokenizer)
+    start = config.seed % len(texts)
+    engine = EmulatedEngine(
+        EngineDriver(scheduler),
+        clock,
+        metrics,
+        config.name,
+        texts[start:] + texts[:start],
+        publisher,
+    )
+    app = EngineApp(engine, tokenizer, metrics, _limits(config, config.max_model_len))
+    return Built(app, engine, publisher, scheduler)
+
+
+def _limits(config: ServerConfig, max_model_len: int) -> ApiLimits:
+    return ApiLimits(
+        served_model_name=config.name,
+        max_model_len=max_model_len,
+        max_body_bytes=config.max_body_bytes,
+        max_waiting=config.max_waiting,
+    )
+
+
+def bind_publisher(config: ServerConfig) -> KvEventPublisher:
+    port = config.kv_events_port
+    replay = config.kv_events_replay_port
+    endpoint = f"tcp://{config.host}:{port if port else '*'}"
+    replay_endpoint = f"tcp://{config.host}:{replay if replay else '*'}"
+    try:
+        return KvEventPublisher(endpoint, replay_endpoint)
+    except zmq.ZMQError as exc:
+        raise ConfigError(f"--kv-events-port: cannot bind {endpoint}: {exc}") from exc
+
+
+def build_scheduler(config: ServerConfig, *, record_events: bool) -> tuple[Scheduler, ScaledClock]:
+    """The simulator's engine model, sized by the flags, on a clock ``speedup`` times fast."""
+    cost = CostModel(resolve_model(config.model), gpu_preset(config.gpu), tp=config.tp)
+    clock = ScaledClock(config.speedup)
+    bt = config.block_tokens
+    blocks = config.kv_cache_tokens // bt
+    if blocks < 1:
+        raise ConfigError(f"--kv-cache-tokens: {config.kv_cache_tokens} is less than one block")
+    engine = EngineConfig(
+        max_batched_tokens=config.max_batched_tokens, max_num_seqs=config.max_num_seqs
+    )
+    timer = IterationTimer.from_cost_model(cost)
+    if config.host_cache_tokens:
+        tiers = TieredCache(
+            TieredCacheConfig(
+                device=TierSpec(blocks, config.eviction),
+                host=TierSpec(config.host_cache_tokens // bt, config.eviction),
+                block_tokens=bt,
+                record_events=record_events,
+                ghost_blocks=0,
+            ),
+            clock,
+            cost,
+        )
+        return Scheduler(engine, tiers.device, timer, clock, tiers=tiers), clock
+    cache = KVCache(
+        CacheConfig(
+            blocks, bt, policy=config.eviction, record_events=record_events, ghost_blocks=0
+        ),
+        clock,
+    )
+    return Scheduler(engine, cache, timer, clock), clock
+
+
+class EngineServer:
+    """One served engine: ``serve()`` until ``shutdown()`` (or SIGTERM / SIGINT, when
+    ``handle_signals``), which drains first."""
+
+    def __init__(self, config: ServerConfig, built: Built | None = None) -> None:
+        self.config = config
+        self.built = built or build(config)
+        self._server: Any = None
+        self._stopping: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, *, handle_signals: bool = True) -> None:
+        from granian.constants import Interfaces
+        from granian.server.embed import Server
+
+        config, built = self.config, self.built
+        self._server = Server(
+            built.app,
+            address=config.host,
+            port=config.port,
+            interface=Interfaces.ASGI,
+            websockets=False,
+            log_enabled=False,
+            backlog=1024,
+        )
+        self.loop = loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.shutdown)
+        print(
+            f"kvtide engine: serving {config.name} on http://{config.host}:{config.port}"
+            + _events_line(built),
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            await self._server.serve()
+        finally:
+            built.close()
+
+    def shutdown(self) -> None:
+        """Drains (new generations get 503, those in flight finish), then stops serving."""
+        if self._stopping is not None or self.loop is None:
+            return
+        log.warning("draining: no new requests; waiting for those in flight")
+        self._stopping = self.loop.create_task(self._drain_then_stop())
+
+    async def _drain_then_stop(self) -> None:
+        await self.built.app.drain()
+        self._server.stop()
+
+
+def _events_line(built: Built) -> str:
+    if built.publisher is None:
+        return ""
+    pub = built.publisher.publisher
+    return f"; KV events on {pub.bound_endpoint} (replay {pub.bound_replay_endpoint})"
+
+
+def check_port(host: str, port: int) -> None:
+    """A ConfigError naming the flag when ``host:port`` cannot be bound (Granian would panic
+    with a Rust backtrace instead)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"--port: cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def run(config: ServerConfig) -> None:
+    import uvloop
+
+    check_port(config.host, config.port)
+    server = EngineServer(config)  # bad flags fail here, before any socket is served
+    uvloop.run(server.serve())

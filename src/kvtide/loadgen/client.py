@@ -1,0 +1,164 @@
+"""One streamed OpenAI request over aiohttp, timed as vLLM's ``benchmark_serving`` times it.
+
+TTFT is the first chunk that carries generated text (a role-only or empty chunk is not a token),
+each later text chunk adds one inter-token latency (ITL) since the previous one, and E2E ends at
+the last text chunk. ``usage`` (``stream_options.include_usage``) gives the token counts and
+``prompt_tokens_details.cached_tokens``. Every failure becomes an error kind, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kvtide.clock import WallClock
+from kvtide.workloads.rows import fastest_loads
+
+_CLOCK = WallClock()
+_loads = fastest_loads()
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one request did. Times in seconds from the moment it was sent."""
+
+    error: str | None = None
+    """None when it succeeded; else ``http_<status>``, ``connect``, ``timeout``,
+    ``disconnected``, ``stream_error`` (an error object in the stream) or ``protocol``."""
+    detail: str = ""
+    status: int | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _chunk_text(choice: Mapping[str, Any]) -> str:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):  # chat
+        parts = (delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"))
+        return "".join(p for p in parts if isinstance(p, str))
+    text = choice.get("text")  # completions
+    return text if isinstance(text, str) else ""
+
+
+def _read_usage(out: Outcome, usage: object) -> None:
+    if not isinstance(usage, dict):
+        return
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if isinstance(value, int):
+            setattr(out, key, value)
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        out.cached_tokens = details["cached_tokens"]
+
+
+def _error_message(body: str) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:200]
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])[:200]
+    return body[:200]
+
+
+def _apply_event(out: Outcome, data: Mapping[str, Any], elapsed_s: float, last_s: float) -> float:
+    """Folds one SSE data object into ``out``; returns the time of the latest text chunk."""
+    if "error" in data:
+        err = data["error"]
+        out.error = "stream_error"
+        out.detail = str(err.get("message") if isinstance(err, dict) else err)[:200]
+        return last_s
+    choices = data.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        text = _chunk_text(choice)
+        if text:
+            if out.ttft_s is None:
+                out.ttft_s = elapsed_s
+            else:
+                out.itl_s.append(elapsed_s - last_s)
+            last_s = elapsed_s
+            out.text += text
+        if isinstance(choice.get("finish_reason"), str):
+            out.finish_reason = choice["finish_reason"]
+    if data.get("usage") is not None:
+        _read_usage(out, data["usage"])
+    return last_s
+
+
+async def stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Mapping[str, Any],
+    headers: Mapping[str, str],
+    timeout_s: float,
+) -> Outcome:
+    """POSTs ``payload`` (with ``stream: true``) and reads the SSE stream to its end."""
+    out = Outcome()
+    start = _CLOCK.now()
+    last_s = 0.0
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 10.0))
+    try:
+        async with session.post(url, json=payload, headers=headers, timeout=timeout) as resp:
+            out.status = resp.status
+            if resp.status >= 400:
+                out.error = f"http_{resp.status}"
+                out.detail = _error_message(await resp.text(errors="replace"))
+                return out
+            done = False
+            pending = b""
+            # whole network reads split here: a fraction of the calls of line-by-line reading
+            async for data in resp.content.iter_any():
+                *lines, pending = (pending + data).split(b"\n")
+                now = _CLOCK.now() - start
+                for raw in lines:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, comments (": ping"), event: lines
+                    body = line[5:].strip()
+                    if body == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        event = _loads(body)
+                    except ValueError:
+                        out.error, out.detail = "protocol", f"not JSON: {body[:80]!r}"
+                        return out
+                    if isinstance(event, dict):
+                        last_s = _apply_event(out, event, now, last_s)
+                        if out.error is not None:
+                            return out
+                if done:
+                    break
+            done = done or pending.strip() in (b"data: [DONE]", b"data:[DONE]")
+            if out.ttft_s is None:
+                out.error, out.detail = "protocol", "the stream ended without a text chunk"
+            elif not done:
+                out.error, out.detail = "disconnected", "the stream ended without data: [DONE]"
+            out.e2e_s = last_s
+            return out
+    except TimeoutError:
+        out.error, out.detail = "timeout", f"no complete answer within {timeout_s:g} s"
+    except aiohttp.ClientConnectorError as exc:
+        out.error, out.detail = "connect", str(exc)[:200]
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+        out.error, out.detail = "disconnected", str(exc)[:200] or type(exc).__name__
+    except aiohttp.ClientError as exc:
+        out.error, out.detail = "client", f"{type(exc).__name__}: {exc}"[:200]
+    return out

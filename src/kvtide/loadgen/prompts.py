@@ -1,0 +1,143 @@
+"""A trace request as real text: the same block id always gives the same words, so the trace's
+prefix structure reaches the engine; a session's turns become chat messages.
+
+A block id's text is ``block_tokens`` words drawn by a generator seeded with (seed, block id)
+from the tokenizer's one-token words (a space and lowercase ASCII letters that encode to a single
+id, as in " harbour"). A byte-level BPE's pre-tokenizer splits before every such word, so a
+block's text is exactly ``block_tokens`` tokens and blocks stay aligned to token positions;
+other tokenizers get close. A token-level trace's ids are detokenized instead.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtide.errors import ConfigError
+from kvtide.text import Tokenizer
+from kvtide.types import Request
+
+MIN_WORDS = 64
+_BLOCK_CACHE = 65_536
+
+
+def _is_plain_word(piece: str) -> bool:
+    word = piece[1:]
+    return (
+        piece.startswith(" ")
+        and 3 <= len(word) <= 9
+        and word.isascii()
+        and word.isalpha()
+        and word.islower()
+    )
+
+
+def one_token_words(tokenizer: Tokenizer) -> list[str]:
+    """The pool, sorted so that it is the same on every run for the same tokenizer."""
+    size = tokenizer.vocab_size
+    pieces = tokenizer.backend.decode_batch([[i] for i in range(size)], skip_special_tokens=True)
+    candidates = sorted({p for p in pieces if _is_plain_word(p)})
+    encoded = tokenizer.encode_batch(candidates, add_special_tokens=False)
+    words = [w for w, ids in zip(candidates, encoded, strict=True) if len(ids) == 1]
+    if len(words) < MIN_WORDS:
+        raise ConfigError(
+            f"tokenizer {tokenizer.name!r} has only {len(words)} one-token words "
+            f"(need {MIN_WORDS}) to turn block ids into text"
+        )
+    return words
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What is sent: chat messages (role, content) in order; ``text`` joins their contents."""
+
+    messages: tuple[tuple[str, str], ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(content for _, content in self.messages)
+
+
+@dataclass(slots=True)
+class _Turn:
+    prompt_tokens: int
+    output_tokens: int
+    boundaries: tuple[int, ...]
+
+
+class PromptBuilder:
+    """Turns requests, in arrival order, into prompts. Stateful only through sessions: turn k+1
+    of a session is split at turn k's prompt end and output end (user, assistant, user ...),
+    taken from the trace and never from the engine's replies, so every run sends the same text."""
+
+    def __init__(self, tokenizer: Tokenizer, seed: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.words = one_token_words(tokenizer)
+        self._blocks: OrderedDict[tuple[int, int], tuple[str, ...]] = OrderedDict()
+        self._sessions: dict[str, _Turn] = {}
+
+    def block_words(self, block_id: int, block_tokens: int) -> tuple[str, ...]:
+        key = (block_id, block_tokens)
+        found = self._blocks.get(key)
+        if found is not None:
+            self._blocks.move_to_end(key)
+            return found
+        # str seeds hash with SHA-512 in CPython: the same words on every run and platform
+        rng = random.Random(f"kvtide-loadgen:{self.seed}:{block_id}")
+        pool, n = self.words, len(self.words)
+        words = tuple(pool[rng.randrange(n)] for _ in range(block_tokens))
+        self._blocks[key] = words
+        if len(self._blocks) > _BLOCK_CACHE:
+            self._blocks.popitem(last=False)
+        return words
+
+    def span(self, request: Request, start: int, stop: int) -> str:
+        """The text of the prompt's tokens ``[start, stop)``."""
+        if stop <= start:
+            return ""
+        if request.token_ids is not None:
+            ids = request.token_ids
+            chunk = ids[start:stop]
+            as_list = chunk.tolist() if isinstance(chunk, np.ndarray) else list(chunk)
+            return self.tokenizer.decode(as_list, skip_special_tokens=False)
+        bt = request.block_tokens
+        block_ids = self._block_ids(request)
+        parts: list[str] = []
+        for index in range(start // bt, (stop - 1) // bt + 1):
+            words = self.block_words(block_ids[index], bt)
+            lo, hi = max(start - index * bt, 0), min(stop - index * bt, bt)
+            parts.append("".join(words[lo:hi]))
+        return "".join(parts)
+
+    def _block_ids(self, request: Request) -> Sequence[int]:
+        if request.block_ids is not None:
+            return request.block_ids
+        # no identity in the trace: ids of this request only (shares nothing)
+        base = int.from_bytes(request.request_id.encode()[:6].ljust(6, b"\0"), "little") << 20
+        return range(base, base + request.prompt_tokens // request.block_tokens + 1)
+
+    def build(self, request: Request) -> Prompt:
+        total = request.prompt_tokens
+        boundaries: tuple[int, ...] = ()
+        if request.session_id is not None:
+            prev = self._sessions.get(request.session_id)
+            if prev is not None and total >= prev.prompt_tokens + prev.output_tokens:
+                boundaries = (
+                    *prev.boundaries,
+                    prev.prompt_tokens,
+                    prev.prompt_tokens + prev.output_tokens,
+                )
+            self._sessions[request.session_id] = _Turn(total, request.output_tokens, boundaries)
+        edges = (0, *boundaries, total)
+        roles = ("user", "assistant")
+        return Prompt(
+            tuple(
+                (roles[i % 2], self.span(request, edges[i], edges[i + 1]))
+                for i in range(len(edges) - 1)
+            )
+        )

@@ -1,0 +1,218 @@
+"""The run: requests sent open-loop at their arrival times (the trace's, scaled, or Poisson at a
+rate), at most ``concurrency`` in flight when capped, every one streamed and timed, bounded by a
+request count, a duration and a per-request timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from kvtide.clock import WallClock
+from kvtide.errors import ConfigError
+from kvtide.loadgen.client import Outcome, stream
+from kvtide.loadgen.metrics import Slo, summarize, tpot_of
+from kvtide.loadgen.prompts import Prompt, PromptBuilder
+from kvtide.text import Tokenizer
+from kvtide.types import Request
+from kvtide.workloads import Workload
+
+APIS = ("chat", "completions")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    url: str
+    """Base URL of an OpenAI-compatible server (``/v1`` optional)."""
+    api: str = "chat"
+    model: str | None = None
+    api_key: str | None = None
+    rate: float | None = None
+    """Poisson arrivals at this many requests/s instead of the trace's times."""
+    concurrency: int | None = None
+    """At most this many requests in flight; alone (no rate) it sends as fast as that allows."""
+    duration_s: float | None = None
+    seed: int = 0
+    slo: Slo = field(default_factory=Slo)
+    timeout_s: float = 300.0
+    ignore_eos: bool = False
+    temperature: float | None = 0.0
+
+    @property
+    def base_url(self) -> str:
+        base = self.url.rstrip("/")
+        return base[: -len("/v1")] if base.endswith("/v1") else base
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.base_url}/v1/{'chat/completions' if self.api == 'chat' else 'completions'}"
+
+
+def schedule(requests: Iterable[Request], config: LoadConfig) -> list[tuple[float, Request]]:
+    """Send times in seconds from the start, and the requests, within ``duration_s``."""
+    out: list[tuple[float, Request]] = []
+    rng = random.Random(f"kvtide-loadgen-arrivals:{config.seed}")
+    first: float | None = None
+    at = 0.0
+    for request in requests:
+        if config.rate is not None:
+            at = at + rng.expovariate(config.rate) if out else 0.0
+        elif config.concurrency is not None:
+            at = 0.0
+        else:
+            first = request.arrival_s if first is None else first
+            at = request.arrival_s - first
+        if config.duration_s is not None and at > config.duration_s:
+            break
+        out.append((at, request))
+    return out
+
+
+def payload(config: LoadConfig, model: str, prompt: Prompt, request: Request) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max(1, request.output_tokens),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if config.api == "chat":
+        body["messages"] = [{"role": role, "content": text} for role, text in prompt.messages]
+    else:
+        body["prompt"] = prompt.text
+    if config.temperature is not None:
+        body["temperature"] = config.temperature
+    if config.ignore_eos:
+        body["ignore_eos"] = True  # vLLM / SGLang extension: generate exactly max_tokens
+    return body
+
+
+def row(
+    request: Request,
+    prompt: Prompt,
+    scheduled_s: float,
+    sent_s: float,
+    out: Outcome,
+    count_tokens: Callable[[str], int],
+) -> dict[str, Any]:
+    """One request's line in the report (all times in seconds)."""
+    output_tokens = 0
+    if out.ok:
+        output_tokens = (
+            out.completion_tokens if out.completion_tokens is not None else count_tokens(out.text)
+        )
+    tpot = None
+    if out.ok and out.ttft_s is not None and out.e2e_s is not None:
+        tpot = tpot_of(out.e2e_s, out.ttft_s, output_tokens)
+    return {
+        "request_id": request.request_id,
+        "session_id": request.session_id,
+        "tenant": str(request.tenant),
+        "scheduled_s": scheduled_s,
+        "sent_s": sent_s,
+        "error": out.error,
+        "status": out.status,
+        "detail": out.detail,
+        "ttft_s": out.ttft_s,
+        "tpot_s": tpot,
+        "e2e_s": out.e2e_s,
+        "itl_s": out.itl_s,
+        "messages": len(prompt.messages),
+        "trace_prompt_tokens": request.prompt_tokens,
+        "trace_output_tokens": request.output_tokens,
+        "prompt_tokens": out.prompt_tokens,
+        "output_tokens": output_tokens,
+        "cached_tokens": out.cached_tokens,
+        "finish_reason": out.finish_reason,
+    }
+
+
+async def discover_model(session: aiohttp.ClientSession, config: LoadConfig) -> str:
+    """The first model ``GET /v1/models`` lists, when ``--model`` is not given."""
+    url = f"{config.base_url}/v1/models"
+    try:
+        async with session.get(
+            url, headers=_headers(config), timeout=aiohttp.ClientTimeout(total=10.0)
+        ) as resp:
+            data = await resp.json(content_type=None) if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise ConfigError(f"--model not given and GET {url} failed: {exc}") from exc
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict):
+        raise ConfigError(f"--model not given and GET {url} lists no model")
+    return str(models[0].get("id"))
+
+
+def _headers(config: LoadConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+async def run_load(
+    config: LoadConfig,
+    workload: Workload,
+    tokenizer: Tokenizer,
+    on_done: Progress | None = None,
+    planned: list[tuple[float, Request]] | None = None,
+) -> dict[str, Any]:
+    """Runs the load and returns the report: ``config``, ``workload``, ``summary``, ``requests``."""
+    plan = planned if planned is not None else schedule(workload, config)
+    builder = PromptBuilder(tokenizer, config.seed)
+    clock = WallClock()
+    headers = _headers(config)
+    limit = asyncio.Semaphore(config.concurrency) if config.concurrency else None
+    rows: list[dict[str, Any]] = []
+    not_sent = 0
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        model = config.model or await discover_model(session, config)
+        start = clock.now()
+
+        async def one(at: float, request: Request, prompt: Prompt) -> None:
+            body = payload(config, model, prompt, request)
+            nonlocal not_sent
+            if limit is not None:
+                await limit.acquire()
+            try:
+                sent = clock.now() - start
+                if config.duration_s is not None and sent > config.duration_s:
+                    not_sent += 1  # queued behind the cap until the run's time was up
+                    return
+                out = await stream(session, config.endpoint, body, headers, config.timeout_s)
+            finally:
+                if limit is not None:
+                    limit.release()
+            result = row(request, prompt, at, sent, out, count_tokens)
+            rows.append(result)
+            if on_done is not None:
+                on_done(result)
+
+        async with asyncio.TaskGroup() as group:
+            for at, request in plan:
+                prompt = builder.build(request)  # in arrival order: sessions build up in order
+                delay = at - (clock.now() - start)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                group.create_task(one(at, request, prompt))
+        duration = clock.now() - start
+    rows.sort(key=lambda r: (r["scheduled_s"], r["sent_s"]))
+    return {
+        "config": {
+            **asdict(config),
+            "api_key": None if config.api_key is None else "(given)",  # never the secret itself
+            "model": model,
+            "endpoint": config.endpoint,
+        },
+        "workload": workload.description,
+        "summary": {**summarize(rows, duration, config.slo), "not_sent": not_sent},
+        "requests": rows,
+    }

@@ -1,0 +1,43 @@
+"""`kvtide engine`'s bad flags: one line naming the flag, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from kvtide.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--speedup", "nan"], "--speedup"),
+        (["--speedup", "0"], "--speedup"),
+        (["--kv-cache-tokens", "1.5x"], "--kv-cache-tokens"),
+        (["--port", "70000"], "--port"),
+        (["--model", "nope"], "nope"),
+        (["--eviction", "bogus"], "bogus"),
+        (["--kv-events-format", "zmq"], "--kv-events-format"),
+    ],
+)
+def test_bad_flag_is_one_line_and_exit_2(
+    argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(["engine", *argv])
+    except SystemExit as exc:  # argparse's own exit
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and names in err and "Traceback" not in err
+
+
+def test_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["engine", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvtide: error: --port:") and len(err.splitlines()) == 1

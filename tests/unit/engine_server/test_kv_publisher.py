@@ -1,0 +1,84 @@
+"""The engine's KV events on a real ZMQ socket: token ids and salt in BlockStored, holds counted
+per request and tier, and SGLang's shape (signed int64 hashes) behind the flag."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from kvtide.core.events import BlockRemoved, BlockStored
+from kvtide.core.hashing import hash_tokens
+from kvtide.engine_server.kv_publisher import BlockTokens, EnginePublisher, EventFormat
+from kvtide.state.kv_events import KvEventPublisher
+from kvtide.state.kv_wire import EngineBlockStored, decode_batch
+
+BT = 4
+
+
+def _received(fmt: EventFormat) -> tuple[list[object], list[int]]:
+    ctx = zmq.Context.instance()
+    pub = KvEventPublisher("tcp://127.0.0.1:*", None, context=ctx)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub.bound_endpoint)
+    blocks = BlockTokens(BT)
+    engine = EnginePublisher(pub, blocks, event_format=fmt)
+    tokens = list(range(100, 112))  # three blocks
+    hashes = hash_tokens(np.asarray(tokens), BT, seed=7).tolist()
+    blocks.hold(hashes, tokens, "salty")
+    try:
+        for _ in range(100):  # ZMQ's slow joiner: probe until the subscriber is connected
+            engine.publish([BlockRemoved((hashes[0],))], 0.0)
+            if sub.poll(50):
+                sub.recv_multipart()
+                break
+        else:
+            pytest.fail("subscriber never connected")
+        while sub.poll(50):
+            sub.recv_multipart()
+        blocks.hold(hashes, tokens, "salty")  # the probe above released one hold per probe
+        engine.publish([BlockStored(tuple(hashes[:2]), None, None, BT)], 1.0)
+        engine.publish([BlockStored((hashes[2],), hashes[1], None, BT)], 2.0)
+        assert sub.poll(2000)
+        events = [decode_batch(sub.recv_multipart()[2]).events[0]]
+        assert sub.poll(2000)
+        events.append(decode_batch(sub.recv_multipart()[2]).events[0])
+    finally:
+        sub.close(linger=0)
+        engine.close()
+    return events, hashes
+
+
+def test_block_stored_carries_token_ids_and_salt() -> None:
+    events, hashes = _received("vllm")
+    first, second = events
+    assert isinstance(first, EngineBlockStored) and isinstance(second, EngineBlockStored)
+    assert first.block_hashes == tuple(hashes[:2]) and first.parent_block_hash is None
+    assert first.token_ids == tuple(range(100, 108)) and first.cache_salt == "salty"
+    assert second.parent_block_hash == hashes[1] and second.token_ids == (108, 109, 110, 111)
+
+
+def test_sglang_shape_signs_hashes_and_drops_vllm_fields() -> None:
+    events, hashes = _received("sglang")
+    first = events[0]
+    assert isinstance(first, EngineBlockStored)
+    signed = [h - (1 << 64) if h >= 1 << 63 else h for h in hashes[:2]]
+    assert list(first.block_hashes) == signed
+    assert all(-(1 << 63) <= h < 1 << 63 for h in first.block_hashes)  # type: ignore[operator]
+    assert first.cache_salt is None and first.token_ids == tuple(range(100, 108))
+
+
+def test_holds_keep_tokens_while_a_request_or_a_tier_holds_the_block() -> None:
+    blocks = BlockTokens(BT)
+    tokens = list(range(8))
+    hashes = hash_tokens(np.asarray(tokens), BT, seed=1).tolist()
+    blocks.hold(hashes, tokens, None)  # request A
+    assert blocks.stored(BlockStored(tuple(hashes), None, None, BT)) == (tuple(tokens), None)
+    blocks.release(hashes)  # A finishes: the device tier still holds both
+    assert len(blocks) == 2
+    blocks.release([hashes[1]])  # the device evicts the second block
+    assert len(blocks) == 1
+    assert blocks.stored(BlockStored((hashes[1],), hashes[0], None, BT)) == ((), None)
+    blocks.release([hashes[0]])
+    assert len(blocks) == 0
