@@ -27,6 +27,8 @@ _SUBCOMMANDS: dict[str, str] = {
     "alerts": "kvtide.cli.alerts",
     "engine": "kvtide.cli.engine",
     "load": "kvtide.cli.load",
+    "profile": "kvtide.cli.profile",
+    "doctor": "kvtide.cli.doctor",
 }
 
 
