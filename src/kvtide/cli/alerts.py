@@ -20,8 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Writes recording and alerting rules (pool undersized, cold start, fragmentation) "
             "that compute what kvtide's online detector computes, for Prometheus rule_files; "
-            "with --tests also a `promtool test rules` file that checks the rules against the "
-            "detector's verdicts on synthetic series."
+            "with --tests also a unit-test file for promtool test rules, which checks the "
+            "rules against the detector's verdicts on synthetic series."
         ),
     )
     parser.add_argument("--out", type=Path, required=True, metavar="FILE", help="rules file")

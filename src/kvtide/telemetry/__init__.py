@@ -5,6 +5,7 @@ memory, Prometheus), fed by ``CacheTelemetry`` and ``RouterTelemetry``, watched 
 from kvtide.telemetry.cache import CacheTelemetry
 from kvtide.telemetry.detector import Alert, DetectorConfig, EarlyWarning, Sample
 from kvtide.telemetry.labels import TenantLabels
+from kvtide.telemetry.online import EngineTelemetry
 from kvtide.telemetry.recorders import MemoryRecorder, NullRecorder, PrometheusRecorder, Recorder
 from kvtide.telemetry.router import HotPrefixes, RouterTelemetry
 
@@ -13,6 +14,7 @@ __all__ = [
     "CacheTelemetry",
     "DetectorConfig",
     "EarlyWarning",
+    "EngineTelemetry",
     "HotPrefixes",
     "MemoryRecorder",
     "NullRecorder",

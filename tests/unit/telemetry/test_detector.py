@@ -98,3 +98,22 @@ def test_promtool_fails_rules_that_disagree_with_the_detector(tmp_path: Path) ->
         [PROMTOOL, "test", "rules", str(tests)], capture_output=True, timeout=120, check=False
     )
     assert proc.returncode != 0
+
+
+def test_engine_telemetry_evaluates_once_per_interval_and_exposes_alerts() -> None:
+    from kvtide.clock import ManualClock
+    from kvtide.core.cache import CacheConfig, KVCache
+    from kvtide.telemetry import EngineTelemetry, PrometheusRecorder
+
+    clock = ManualClock()
+    cache = KVCache(CacheConfig(capacity_blocks=64, block_tokens=16), clock)
+    rec = PrometheusRecorder()
+    tel = EngineTelemetry(rec, cache, clock, config=DetectorConfig())
+    fired = []
+    for i in range(40):  # first uses only: a cold start
+        cache.access([1000 + i], 16)
+        fired += tel.tick()
+        clock.advance(10.0)
+    assert [a.name for a in fired] == ["cold_start"]
+    assert len(tel.detector.signals) == 13  # 14 evaluations 30 s apart; the first has no window
+    assert b'kvtide_alert_active_ratio{alert="cold_start"} 1.0' in rec.exposition()
