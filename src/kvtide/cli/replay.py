@@ -30,7 +30,7 @@ from kvtide.core.eviction import POLICIES
 from kvtide.core.hashing import BlockHashes, Namespace, request_block_hashes
 from kvtide.core.oracle import Oracle
 from kvtide.core.tiers import TieredCache
-from kvtide.display import DASH, plural
+from kvtide.display import DASH, plural, tokens
 from kvtide.errors import ConfigError
 from kvtide.workloads import DEFAULT_BUILTIN, open_workload
 
@@ -434,6 +434,11 @@ def _print_table(
         f"{spec}: {plural(data.num_requests, 'request')}, "
         f"{plural(total, 'prompt token')}, {data.block_tokens}-token blocks"
     )
+    tiered_row = next((r for r in runs if "device_hit_tokens" in r), None)
+    if tiered_row is not None:
+        sizes = tiered_row["capacity_tokens_by_tier"]
+        lower = " + ".join(f"{t} {tokens(sizes[t])}" for t in ("host", "disk") if t in sizes)
+        title += f"; tiers: device (the capacity column) + {lower}, {tiered_row['write_mode']}"
     print_table(
         console,
         title,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -369,8 +370,8 @@ def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> 
     console.print(
         f"[bold]{workload['name']}[/bold]: {plural(int(workload['requests']), 'request')} over "
         f"{seconds(float(workload['span_s']))}, prompts {workload['prompt_tokens_mean']:,.0f} "
-        f"tokens and outputs {workload['output_tokens_mean']:,.0f} on average, offered load "
-        f"{workload['offered_load']:.2f}"
+        f"tokens and outputs {workload['output_tokens_mean']:,.0f} on average, "
+        f"{_load(float(workload['offered_load']))}"
     )
     disagg = f" + {scenario.decode_replicas} decode" if scenario.decode_replicas else ""
     console.print(
@@ -378,6 +379,12 @@ def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> 
         f"KV per replica: {describe_tiers(scenario)}; {workload['block_tokens']}-token blocks, "
         f"eviction {scenario.eviction}, seed {scenario.seed}"
     )
+
+
+def _load(offered: float) -> str:
+    if math.isfinite(offered):
+        return f"offered load {offered:.2f}"
+    return "all at one instant (no offered load)"  # a trace whose rows share one timestamp
 
 
 def run_with_progress(
@@ -390,15 +397,16 @@ def run_with_progress(
 ) -> list[RunResult]:
     if quiet:
         return run_many(scenarios, jobs)
+    names = labels if labels is not None else [s.router for s in scenarios]
+    width = max((len(name) for name in names), default=0)  # whole names, in one column
     with Progress(
-        TextColumn("{task.description:<28}"),
+        TextColumn(f"{{task.description:<{width}}}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
         console=console,
         transient=True,
     ) as bar:
-        names = labels if labels is not None else [s.router for s in scenarios]
         tasks: list[TaskID] = [bar.add_task(name, total=1.0) for name in names]
 
         def update(position: int, fraction: float) -> None:

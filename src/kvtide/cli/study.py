@@ -98,7 +98,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
         args.jobs,
         console,
         quiet=args.quiet,
-        labels=[f"{p.traffic} {p.design.router} {p.design.state}"[:28] for p in points],
+        labels=[f"{p.traffic} {p.design.router} {p.design.state}" for p in points],
     )
     rows = study_rows(points, results)
     for label in traffic:

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     results = execute(scenarios, args, console)
     skipped = sum(int(r.diagnostics.get("skipped_requests", 0)) for r in results)
     if skipped:
-        warn(console, [f"{skipped:,} request(s) longer than a replica's whole KV pool skipped"])
+        longer = "longer than a replica's whole KV pool skipped"
+        warn(console, [f"{plural(skipped, 'request')} {longer}"])
     table_rows = rows(points, results)
     keys = list(points[0].values) if points else []
     metrics = [

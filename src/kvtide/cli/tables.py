@@ -47,10 +47,9 @@ def print_table(
     parts = _split(console, title, keys, columns, rows, sections)
     for i, part in enumerate(parts):
         suffix = f" ({i + 1}/{len(parts)})" if len(parts) > 1 else ""
-        table = _table(f"{title}{suffix}", keys, part, rows, sections, len(keys))
-        if caption and i == len(parts) - 1:
-            table.caption = caption
-        console.print(table)
+        console.print(_table(f"{title}{suffix}", keys, part, rows, sections, len(keys)))
+    if caption:  # once, under the last part, as wide as the console
+        console.print(caption)
 
 
 def _split(
@@ -104,7 +103,6 @@ def _table(
         pad_edge=False,
         show_edge=False,
         title_justify="left",
-        caption_justify="left",
     )
     for key in keys:
         table.add_column(key.header, justify="left", no_wrap=True, overflow="fold")

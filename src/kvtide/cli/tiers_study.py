@@ -100,7 +100,7 @@ def run_tiers(args: argparse.Namespace) -> int:
         f"load {base.load}, seed {base.seed}"
     )
     results = run_with_progress(
-        scenarios, args.jobs, console, quiet=args.quiet, labels=[d.label[:28] for d in designs]
+        scenarios, args.jobs, console, quiet=args.quiet, labels=[d.label for d in designs]
     )
     rows = tier_rows(designs, scenarios, results)
     print_rows(console, rows)

@@ -215,13 +215,12 @@ def fmix64_inverse(h: int) -> int:
 class _Keys:
     """Per-seed position keys and chain powers, grown on demand and reused across calls."""
 
-    __slots__ = ("_rng", "m_inv_pows", "m_pows", "position_keys", "seed_state", "start_terms")
+    __slots__ = ("m_inv_pows", "m_pows", "position_keys", "seed", "seed_state", "start_terms")
 
     def __init__(self, seed: int) -> None:
-        rng = np.random.Generator(np.random.PCG64(seed))
+        self.seed = seed
         self.position_keys: dict[int, U64Array] = {}
-        self.seed_state = int(rng.integers(0, 2**63, dtype=np.int64)) * 2 + 1
-        self._rng = rng
+        self.seed_state = int(self._stream().integers(0, 2**63, dtype=np.int64)) * 2 + 1
         self.m_pows: U64Array = np.ones(1, dtype=np.uint64)
         self.m_inv_pows: U64Array = np.ones(1, dtype=np.uint64)
         self.start_terms: U64Array = np.ones(0, dtype=np.uint64)  # M**(i+1) * S_-1
@@ -229,10 +228,18 @@ class _Keys:
     def keys_for(self, block_tokens: int) -> U64Array:
         keys = self.position_keys.get(block_tokens)
         if keys is None:
-            raw = self._rng.integers(0, 2**63, size=block_tokens, dtype=np.int64)
+            # Each block size draws from a fresh stream, so its keys do not depend on which
+            # sizes this process hashed before (a shared stream made a 16-token run's hashes
+            # differ after a 512-token run: same scenario, different result).
+            rng = self._stream()
+            rng.integers(0, 2**63, dtype=np.int64)  # the seed state's draw
+            raw = rng.integers(0, 2**63, size=block_tokens, dtype=np.int64)
             keys = raw.astype(np.uint64) * _U64(2) + _U64(1)
             self.position_keys[block_tokens] = keys
         return keys
+
+    def _stream(self) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64(self.seed))
 
     def powers(self, n: int) -> tuple[U64Array, U64Array]:
         if len(self.m_pows) < n + 1:

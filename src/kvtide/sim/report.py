@@ -313,7 +313,7 @@ def _setup(scenario: Scenario, workload: dict[str, Any]) -> str:
         *(_param(k, v) for k, v in dict(params).items()),
         ("requests", f"{int(w['requests']):,}"),
         ("arrivals over", seconds(float(w["span_s"]))),
-        ("offered load", f"{float(w['offered_load']):.2f} of the fleet's prefill capacity"),
+        ("offered load", _load(float(w["offered_load"]))),
         ("time scale", f"arrival gaps × {float(w['time_scale']):.4g}"),
         ("mean prompt", tokens(round(float(w["prompt_tokens_mean"])))),
         ("mean output", tokens(round(float(w["output_tokens_mean"])))),
@@ -343,6 +343,12 @@ def _setup(scenario: Scenario, workload: dict[str, Any]) -> str:
     return (
         f"<div class='setup'>{_pairs('workload', workload_rows)}{_pairs('fleet', fleet_rows)}</div>"
     )
+
+
+def _load(offered: float) -> str:
+    if math.isfinite(offered):
+        return f"{offered:.2f} of the fleet's prefill capacity"
+    return f"{DASH} (every request arrives at one instant)"
 
 
 def _param(key: str, value: object) -> tuple[str, str]:

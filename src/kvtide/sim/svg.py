@@ -190,8 +190,10 @@ def _y_range(ys: Sequence[float], y_min: float | None, y_max: float | None) -> t
         return lo, hi
     lo = y_min
     hi = max(ys) if y_max is None else y_max
-    if y_max is None:  # round the top up to a tick, leaving the highest line some room
-        hi = next((t for t in nice_ticks(lo, hi * 1.05) if t >= hi * 1.02), hi * 1.05)
+    if y_max is None and hi > lo:  # up to a round tick, leaving the highest line some room
+        ticks = nice_ticks(lo, hi, 5)
+        step = ticks[1] - ticks[0] if len(ticks) > 1 else hi - lo
+        hi = math.ceil((hi + 0.02 * (hi - lo)) / step - 1e-9) * step
     return (lo, hi) if hi > lo else (lo, lo + 1)
 
 

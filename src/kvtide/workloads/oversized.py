@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtide.display import plural
 from kvtide.types import Request
 from kvtide.workloads.workload import Workload
 
@@ -56,5 +57,7 @@ class OversizedRequests:
         ]
         rest = len(self.skipped) - len(named)
         if rest:
-            lines.append(f"{workload.name}: {rest:,} more request(s) skipped for the same reason")
+            lines.append(
+                f"{workload.name}: {plural(rest, 'more request')} skipped for the same reason"
+            )
         return lines

@@ -144,6 +144,8 @@ def test_replay_with_tiers_labels_device_misses_and_they_add_up(tmp_path: Path) 
         "--host-capacity", "4000", "--jobs", "1", "--json", str(path), columns=200,
     )  # fmt: skip
     assert "dev. miss" in out and "device hit" in out
+    title = " ".join(out.split())  # rich wraps a title to its table's width
+    assert "tiers: device (the capacity column) + host 4k tokens, write-back" in title
     (row,) = [line for line in out.splitlines() if line.startswith("lru ")]
     total, device, host, disk, cold, evicted, partial = (
         float(x) for x in re.findall(r"([\d.]+)%", row)[:7]

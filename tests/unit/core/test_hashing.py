@@ -123,3 +123,18 @@ def test_hashing_a_prefix_gives_a_prefix(tokens: list[int], block_tokens: int) -
     whole = hash_tokens(tokens, block_tokens, SEED)
     cut = len(tokens) // 2
     assert hash_tokens(tokens[:cut], block_tokens, SEED) == whole[: cut // block_tokens]
+
+
+def test_a_block_size_hashes_the_same_whatever_was_hashed_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Regression: position keys came from one stream per seed, so a 16-token block's hash
+    # depended on whether 512-token blocks were hashed first in the same process.
+    from kvtide.core import hashing
+
+    tokens = list(range(1024))
+    monkeypatch.setattr(hashing, "_KEYS_BY_SEED", {})
+    alone = hash_tokens(tokens, 16, seed=12345)
+    monkeypatch.setattr(hashing, "_KEYS_BY_SEED", {})
+    hash_tokens(tokens, 512, seed=12345)
+    assert hash_tokens(tokens, 16, seed=12345) == alone
