@@ -46,7 +46,9 @@ _TOKEN_SCALES: dict[str, float] = {
     "mi": 1 << 20,
     "gi": 1 << 30,
 }
-_TOKEN_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmg]i?)?\s*$", re.IGNORECASE)
+_TOKEN_RE = re.compile(
+    r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmg]i?)?\s*$", re.IGNORECASE
+)
 _DURATION_SCALES: dict[str, float] = {"": 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_RE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 
@@ -166,8 +168,12 @@ def tokens(value: object, *, name: str, minimum: int = 0, maximum: int | None = 
     number = round(exact)
     if abs(exact - number) > 1e-9 * max(1.0, abs(exact)):  # 1.1k is 1100.0000000000002
         raise InvalidValue(name, value, "not a whole number of tokens")
-    _bounds(name, value, number, minimum, maximum, lambda x: f"{x:,.0f} tokens")
+    _bounds(name, value, number, minimum, maximum, _tokens_text)
     return number
+
+
+def _tokens_text(count: float) -> str:
+    return f"{count:,.0f} token{'' if count == 1 else 's'}"
 
 
 def duration(

@@ -17,6 +17,10 @@ import pytest
 from engine_process import free_port, in_process_engine
 
 from kvtide.clock import ManualClock
+from kvtide.costs.cost_model import CostModel
+from kvtide.costs.specs import gpu_preset, resolve_model
+from kvtide.engine.scheduler import RequestRecord
+from kvtide.engine.timing import IterationTimer
 from kvtide.engine_server.engine_loop import salt_seed
 from kvtide.engine_server.server import EngineServer, ServerConfig
 from kvtide.routing.index import GlobalPrefixIndex
@@ -148,34 +152,33 @@ def test_index_fed_by_events_holds_exactly_the_engine_blocks(lose: set[int]) -> 
         sub.close()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the scheduler still announces a prompt's blocks at admission"
-)
-def test_no_batch_announces_more_than_a_prefill_chunk_computed() -> None:
-    """A 40-block prompt prefilled in 4-block chunks: its blocks are announced chunk by chunk
-    as they are computed, never all at admission."""
+def test_no_block_is_announced_before_the_iteration_computing_it_ends() -> None:
+    """A 40-block prompt prefilled in 4-block chunks: every batch's BlockStored blocks, counted
+    up to the batch's timestamp (the engine's clock), are at most 4 per prefill iteration that
+    had ended by then (iteration times from the same cost model), and they come over several
+    batches, not all at admission. Slow time (--speedup 0.1: a chunk takes ~76 ms of wall
+    time), so that even a starved event loop wakes more than once during the prefill."""
     config = ServerConfig(
         port=free_port(),
-        speedup=20,
+        speedup=0.1,
         served_model_name=MODEL,
         kv_cache_tokens=16_000,
         block_tokens=BT,
         kv_events_port=0,
         max_batched_tokens=64,
     )
+    records: list[RequestRecord] = []
     with in_process_engine(config) as server:
+        server.built.backend.on_record = records.append  # type: ignore[attr-defined]
         sub, _, _ = _subscriber(server, set())
-        stored: list[int] = []
+        batches: list[tuple[float, int]] = []
 
         def count(replica: ReplicaId, batch: EngineEventBatch) -> None:
-            stored.append(
-                sum(len(e.block_hashes) for e in batch.events if isinstance(e, EngineBlockStored))
-            )
+            n = sum(len(e.block_hashes) for e in batch.events if isinstance(e, EngineBlockStored))
+            if n:
+                batches.append((batch.ts, n))
 
-        counting: SequencedIngest[EngineEventBatch] = SequencedIngest(
-            count, lambda r: None, ManualClock()
-        )
-        sub.ingest = counting
+        sub.ingest = SequencedIngest(count, lambda r: None, ManualClock())
         sub.bootstrap()
         rng = random.Random(3)
         ids = [rng.randrange(100, 40_000) for _ in range(40 * BT + 5)]
@@ -183,6 +186,17 @@ def test_no_batch_announces_more_than_a_prefill_chunk_computed() -> None:
         for _ in range(100):
             sub.poll(timeout_s=0.05)
         sub.close()
-        announced = [n for n in stored if n]
-        assert sum(announced) == 40
-        assert max(announced) <= 64 // BT
+    (record,) = records
+    timer = IterationTimer.from_cost_model(
+        CostModel(resolve_model(config.model), gpu_preset(config.gpu))
+    )
+    ends, t = [], record.arrival_s
+    for k in range(len(ids) // 64 + 1):  # 64-token chunks; the last carries the tail
+        chunk = min(64, len(ids) - 64 * k)
+        t += timer.iteration_s([(chunk, 64 * k)], 0, 0)
+        ends.append(t)
+    assert sum(n for _, n in batches) == 40 and len(batches) > 1
+    announced = 0
+    for ts, n in batches:
+        announced += n
+        assert announced <= 4 * sum(1 for end in ends if end <= ts + 1e-9)

@@ -65,7 +65,7 @@ def test_token_bounds() -> None:
     assert tokens("1k", name="n", minimum=1, maximum=1000) == 1000
     with pytest.raises(InvalidValue, match="at most 1,000 tokens"):
         tokens("1001", name="n", maximum=1000)
-    with pytest.raises(InvalidValue, match="at least 1 tokens"):
+    with pytest.raises(InvalidValue, match="at least 1 token, got 0"):
         tokens(0, name="n", minimum=1)
 
 

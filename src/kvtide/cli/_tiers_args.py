@@ -9,28 +9,16 @@ from __future__ import annotations
 
 import argparse
 
+from kvtide.cli._checks import TP
 from kvtide.clock import Clock
 from kvtide.core.admission import ADMISSION_FILTERS
+from kvtide.core.eviction import POLICIES
 from kvtide.core.tiers import OnboardCost, TieredCache, TieredCacheConfig, TierSpec, WriteMode
 from kvtide.costs.cost_model import CostModel
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, resolve_model
 from kvtide.errors import ConfigError
+from kvtide.quantities import flag, tokens
 from kvtide.types import Tier
-
-_SCALES = {"k": 10**3, "m": 10**6, "g": 10**9}
-
-
-def parse_tokens(text: str) -> int:
-    """A token count: ``4096``, ``512k``, ``10M``, ``1.5G`` (decimal multiples)."""
-    scale = _SCALES.get(text[-1:].lower(), 1)
-    number = text[:-1] if scale > 1 else text
-    try:
-        value = float(number) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (e.g. 512k, 10M)") from None
-    if value < 0 or value != int(value):
-        raise argparse.ArgumentTypeError(f"not a whole, non-negative token count: {text!r}")
-    return int(value)
 
 
 def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,14 +29,14 @@ def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--host-capacity",
-        type=parse_tokens,
+        type=flag(tokens),
         default=0,
         metavar="TOKENS",
         help="host-memory tier size in tokens, e.g. 10M (default: 0, no host tier)",
     )
     group.add_argument(
         "--disk-capacity",
-        type=parse_tokens,
+        type=flag(tokens),
         default=0,
         metavar="TOKENS",
         help="disk tier size in tokens (default: 0, no disk tier)",
@@ -93,7 +81,7 @@ def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="G",
         help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default: h100)",
     )
-    group.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
+    group.add_argument("--tp", type=TP, default=1, metavar="N", help="tensor-parallel degree")
     group.add_argument(
         "--dtype", default="bf16", metavar="D", help="KV-cache dtype: bf16 or fp8 (default bf16)"
     )
@@ -102,6 +90,16 @@ def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
 def cost_from_args(args: argparse.Namespace) -> CostModel:
     """The cost model the flags name (default coefficients)."""
     return CostModel(resolve_model(args.model), gpu_preset(args.gpu), args.tp, args.dtype)
+
+
+def check_tier_args(args: argparse.Namespace) -> None:
+    """The cost model and the tier policies the flags name, built once before any run (the
+    runs build them again in their worker processes)."""
+    cost_from_args(args)
+    for name, policy in (("--host-policy", args.host_policy), ("--disk-policy", args.disk_policy)):
+        if policy is not None and policy not in POLICIES:
+            valid = ", ".join(sorted(POLICIES))
+            raise ConfigError(f"{name}: unknown eviction policy {policy!r} (valid: {valid})")
 
 
 def has_tiers(args: argparse.Namespace) -> bool:

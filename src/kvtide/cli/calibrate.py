@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvtide.cli._checks import check_writable, write_text
 from kvtide.cli.cost import add_model_arguments
 from kvtide.costs.calibration import Calibration, fit_prefill, read_prefill_csv
 from kvtide.costs.cost_model import CostModel
 from kvtide.costs.specs import gpu_preset, resolve_model
-from kvtide.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.out, "--out")
     gpu = gpu_preset(args.gpu)
     model = resolve_model(args.model)
     cost = CostModel(model, gpu, args.tp, args.dtype)
@@ -48,10 +49,7 @@ def run(args: argparse.Namespace) -> int:
             "prefill_rows": error.num_rows,
         },
     )
-    try:
-        args.out.write_text(calibration.to_json(), encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{args.out}: cannot write: {exc.strerror or exc}") from exc
+    write_text(args.out, calibration.to_json())
     print(
         f"fitted {error.num_rows} rows: prefill efficiency {c.prefill_efficiency:.3f}, "
         f"attention coefficient {c.attention_coefficient:.3f}, "

@@ -8,13 +8,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvtide.cli._checks import TP, check_writable, write_text
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.costs.calibration import load_calibration
 from kvtide.costs.cost_model import Coefficients, CostModel
+from kvtide.costs.memory import memory_fit
 from kvtide.costs.onboard import OnboardAction, break_even_prefix_tokens
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, gpu_preset, resolve_model
 from kvtide.display import plural
 from kvtide.errors import ConfigError
+from kvtide.quantities import flag, real, tokens
 from kvtide.types import Tier
 
 PROMPT_TOKENS = tuple(512 << i for i in range(9))
@@ -35,14 +38,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_model_arguments(parser)
     parser.add_argument(
         "--link-load",
-        type=float,
+        type=flag(real, minimum=0.0, below=1.0),
         default=0.0,
         metavar="X",
         help="fraction of the host/disk link already in use, 0 to 1 (default 0)",
     )
     parser.add_argument(
         "--new-tokens",
-        type=int,
+        type=flag(tokens, minimum=1, maximum=PROMPT_TOKENS[0] - 1),
         default=1,
         metavar="N",
         help="uncached tokens at the end of each prompt (default 1: the last prompt token "
@@ -50,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--block-tokens",
-        type=int,
+        type=flag(tokens, minimum=1, maximum=PROMPT_TOKENS[-1]),
         default=16,
         metavar="N",
         help="cache block size: a split reloads whole blocks (default 16, vLLM's default)",
@@ -74,13 +77,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu", required=True, metavar="G", help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))}"
     )
-    parser.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel degree")
+    parser.add_argument("--tp", type=TP, default=1, metavar="N", help="tensor-parallel degree")
     parser.add_argument(
         "--dtype", default="bf16", metavar="D", help="KV-cache dtype: bf16 or fp8 (default bf16)"
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.json_path, "--json")
     coefficients = Coefficients()
     source = "defaults (assumed; see kvtide calibrate)"
     gpu = gpu_preset(args.gpu)
@@ -94,13 +98,13 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     cost = CostModel(resolve_model(args.model), gpu, args.tp, args.dtype, coefficients)
+    fit = memory_fit(cost, 0)
+    if not fit.weights_fit:
+        print(f"kvtide: warning: {fit.describe()}: the weights alone do not fit", file=sys.stderr)
     report = cost_report(cost, args.link_load, args.new_tokens, args.block_tokens)
     print_report(report, source)
     if args.json_path is not None:
-        try:
-            args.json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{args.json_path}: cannot write: {exc.strerror or exc}") from exc
+        write_text(args.json_path, json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvtide.cli._checks import TP
+from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
 from kvtide.quantities import flag, integer, real, tokens
 
 
@@ -30,10 +32,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--model",
         default="llama-3-8b",
         metavar="M",
-        help="cost-model preset or config.json to emulate, or smollm2-135m (default llama-3-8b)",
+        help=f"model preset to emulate ({', '.join(sorted(MODEL_PRESETS))}), a Hugging Face "
+        "config.json, or smollm2-135m to run SmolLM2-135M for real (default llama-3-8b)",
     )
-    p.add_argument("--gpu", default="h100", metavar="G", help="(default h100)")
-    p.add_argument("--tp", type=count, default=1, metavar="N", help="tensor parallel (1)")
+    p.add_argument(
+        "--gpu",
+        default="h100",
+        metavar="G",
+        help=f"GPU preset: {', '.join(sorted(GPU_PRESETS))} (default h100)",
+    )
+    p.add_argument("--tp", type=TP, default=1, metavar="N", help="tensor parallel (1)")
     p.add_argument(
         "--kv-cache-tokens",
         type=flag(tokens, minimum=1),

@@ -23,6 +23,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvtide import __version__
 from kvtide.cli import _tiers_args as tiers_cli
+from kvtide.cli._checks import JOBS, check_writable, write_text
+from kvtide.cli.simulate import warn
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
@@ -32,7 +34,11 @@ from kvtide.core.oracle import Oracle
 from kvtide.core.tiers import TieredCache
 from kvtide.display import DASH, plural, tokens
 from kvtide.errors import ConfigError
+from kvtide.quantities import flag, items, text
+from kvtide.quantities import tokens as token_count
+from kvtide.sim.settings import check_pools, flag_type
 from kvtide.workloads import DEFAULT_BUILTIN, open_workload
+from kvtide.workloads.oversized import OversizedRequests
 
 DEFAULT_CAPACITY = "100000,300000,1000000"
 DEFAULT_POLICIES = "lru,s3fifo,tide"
@@ -58,18 +64,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--block-tokens",
-        type=int,
+        type=flag_type("block_tokens"),
         metavar="N",
         help="cache block size in tokens (default: the workload's own, 512 for Mooncake)",
     )
     parser.add_argument(
         "--capacity",
+        type=flag(items, parse=token_count, minimum=1),
         default=DEFAULT_CAPACITY,
         metavar="N[,N...]",
-        help=f"cache capacities in tokens (default {DEFAULT_CAPACITY})",
+        help=f"cache capacities in tokens; k, M, G are 10^3, 10^6, 10^9, Ki, Mi, Gi 2^10, "
+        f"2^20, 2^30 (default {DEFAULT_CAPACITY})",
     )
     parser.add_argument(
         "--policy",
+        type=flag(items, parse=text, choices=frozenset(POLICIES)),
         default=DEFAULT_POLICIES,
         metavar="P[,P...]",
         help=f"eviction policies: {', '.join(sorted(POLICIES))} (default {DEFAULT_POLICIES})",
@@ -77,17 +86,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--oracle", action="store_true", help="also run Belady's optimum at each capacity"
     )
-    parser.add_argument("--requests", type=int, metavar="N", help="replay only the first N")
+    parser.add_argument(
+        "--requests", type=flag_type("requests"), metavar="N", help="replay only the first N"
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     parser.add_argument(
         "--tenant-salt",
         action="store_true",
         help="hash each tenant in its own namespace (tenants then never share a block)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of built-in workloads")
+    parser.add_argument(
+        "--seed", type=flag_type("seed"), default=0, help="seed of built-in workloads"
+    )
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=JOBS,
         default=min(2, os.cpu_count() or 1),
         metavar="N",
         help="runs in parallel processes (default: up to 2)",
@@ -110,6 +123,8 @@ class Prepared:
     tenants: tuple[str, ...]
     shadow_raw: bytes | None
     block_tokens: int
+    skipped: tuple[str, ...] = ()
+    """One line per request left out for being longer than the smallest capacity."""
 
     @property
     def num_requests(self) -> int:
@@ -135,7 +150,9 @@ def prepare(
     seed: int,
     tenant_salt: bool,
     progress: Callable[[int], None] = lambda n: None,
+    oversized: OversizedRequests | None = None,
 ) -> Prepared:
+    """Hashes every request once; ``oversized`` leaves out (and names) those that cannot fit."""
     workload = open_workload(spec, block_tokens=block_tokens, limit=limit, seed=seed)
     bt = block_tokens or workload.block_tokens
     plain_seed = Namespace().seed
@@ -146,7 +163,9 @@ def prepare(
     prompts: list[int] = []
     arrivals: list[float] = []
     tenants: list[str] = []
-    for request in workload:
+    for position, request in enumerate(workload):
+        if oversized is not None and not oversized.keep(position, request):
+            continue
         plain = request_block_hashes(request, bt, plain_seed)
         if tenant_salt:
             seed_t = seeds.get(request.tenant)
@@ -163,7 +182,11 @@ def prepare(
         if len(prompts) % _PROGRESS_EVERY == 0:
             progress(_PROGRESS_EVERY)
     progress(len(prompts) % _PROGRESS_EVERY)
+    skipped = tuple(oversized.report(workload)) if oversized is not None else ()
     if not prompts:
+        if skipped:
+            example = skipped[0].removesuffix("; skipped")
+            raise ConfigError(f"every request is too long, as the first: {example}")
         raise ConfigError(f"{spec}: the workload has no requests")
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -175,6 +198,7 @@ def prepare(
         tenants=tuple(tenants),
         shadow_raw=b"".join(shadows) if tenant_salt else None,
         block_tokens=bt,
+        skipped=skipped,
     )
 
 
@@ -260,39 +284,35 @@ def _replay_in_worker(policy: str, capacity_tokens: int) -> dict[str, Any]:
 # --- the command -------------------------------------------------------------------------
 
 
-def parse_capacities(text: str) -> list[int]:
-    out = []
-    for item in text.split(","):
-        try:
-            value = int(float(item.strip()))
-        except ValueError:
-            raise ConfigError(f"--capacity: {item.strip()!r} is not a number of tokens") from None
-        if value <= 0:
-            raise ConfigError(
-                f"--capacity: capacity must be a positive number of tokens, got {value}"
-            )
-        out.append(value)
-    return out
+def check_args(args: argparse.Namespace) -> int:
+    """Everything the flags fix before the trace is read: output path, pools against the
+    block size, the tiers' cost model and policies. Returns the block size."""
+    check_writable(args.json, "--json")
+    bt = args.block_tokens or open_workload(args.workload).block_tokens
+    for capacity in (min(args.capacity), max(args.capacity)):
+        sizes = {
+            "gpu_cache_tokens": capacity,
+            "host_cache_tokens": args.host_capacity,
+            "disk_cache_tokens": args.disk_capacity,
+        }
+        check_pools(sizes, bt, _POOL_FLAGS.__getitem__)
+    tiers_cli.check_tier_args(args)  # even unused without tiers: a wrong name is a mistake
+    return bt
 
 
-def parse_policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise ConfigError("--policy: no policy given")
-    for name in names:
-        if name not in POLICIES:
-            valid = ", ".join(sorted(POLICIES))
-            raise ConfigError(f"--policy: unknown eviction policy {name!r} (valid: {valid})")
-    return names
+_POOL_FLAGS = {
+    "gpu_cache_tokens": "--capacity",
+    "host_cache_tokens": "--host-capacity",
+    "disk_cache_tokens": "--disk-capacity",
+}
 
 
 def run(args: argparse.Namespace) -> int:
-    capacities = parse_capacities(args.capacity)
-    policies = parse_policies(args.policy)
-    if args.requests is not None and args.requests < 1:
-        raise ConfigError(f"--requests must be at least 1, got {args.requests}")
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+    capacities: list[int] = args.capacity
+    policies: list[str] = args.policy
+    bt = check_args(args)
+    smallest = min(capacities) // bt * bt
+    oversized = OversizedRequests(smallest, bt, False, f"smallest --capacity ({smallest:,} tokens)")
     err = Console(stderr=True)
     with Progress(
         TextColumn("{task.description}"),
@@ -311,12 +331,10 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             tenant_salt=args.tenant_salt,
             progress=lambda n: bar.advance(reading, n),
+            oversized=oversized,
         )
-        bt = data.block_tokens
-        for cap in capacities:
-            if cap < bt:
-                raise ConfigError(f"--capacity: {cap} tokens is less than one {bt}-token block")
         bar.remove_task(reading)
+        warn(data.skipped)
         grid = [(p, c) for p in policies for c in capacities]
         task = bar.add_task("replaying", total=len(grid) * data.num_requests)
         runs = _run_grid(data, grid, args.jobs, lambda n: bar.advance(task, n), args)
@@ -355,6 +373,7 @@ def run(args: argparse.Namespace) -> int:
             "workload": args.workload,
             "block_tokens": bt,
             "requests": data.num_requests,
+            "skipped_requests": len(oversized.skipped),
             "prompt_tokens": int(data.prompt_tokens.sum()),
             "seed": args.seed,
             "tenant_salt": args.tenant_salt,
@@ -362,10 +381,7 @@ def run(args: argparse.Namespace) -> int:
             "runs": runs,
             "oracle": oracle_rows,
         }
-        try:
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
-        except OSError as exc:
-            raise ConfigError(f"--json: cannot write {args.json}: {exc.strerror or exc}") from exc
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.tables import Column, make_console
 from kvtide.cli.tables import print_table as print_table_fitted
 from kvtide.clock import ManualClock
@@ -23,7 +25,7 @@ from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
 from kvtide.display import DASH, applies, number, plural, seconds
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.errors import ConfigError
-from kvtide.quantities import flag, integer, items, text
+from kvtide.quantities import flag, items, text
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.routing.specs import build_policy, needs_index, policy_names
 from kvtide.sim.metrics import RunSummary
@@ -239,10 +241,6 @@ class _Given(argparse.Action):
         namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
 
 
-JOBS = flag(integer, minimum=1, maximum=256)
-"""``--jobs`` of every command that runs in parallel processes."""
-
-
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The scenario the flags describe; refuses what can be refused before reading anything."""
     load = args.load
@@ -288,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     warnings = check_from_args(base, args)
     prepared = prepare(base)  # validates the workload and model before any process starts
     scenarios = [base.with_(router=r) for r in routers]
-    warn(console, [*warnings, *prepared.skipped])
+    warn([*warnings, *prepared.skipped])
     describe(console, base, prepared.description)
     results = run_with_progress(scenarios, args.jobs, console, quiet=args.quiet)
     print_table(console, results)
@@ -307,39 +305,10 @@ def check_from_args(scenario: Scenario, args: argparse.Namespace) -> list[str]:
     return check_scenario(scenario, flag_name, kv_given=given)
 
 
-def warn(console: Console, lines: Sequence[str]) -> None:
+def warn(lines: Sequence[str]) -> None:
+    """One unwrapped line per warning on stderr (a path in it must stay whole)."""
     for line in lines:
-        console.print(f"[yellow]kvtide: warning: {line}[/yellow]", markup=True, highlight=False)
-
-
-def check_writable(path: Path | None, name: str, *, directory: bool = False) -> None:
-    """Refuses, before any run, an output path that cannot be written: a missing or read-only
-    parent folder, a folder where a file is wanted, or a file where a folder is."""
-    if path is None:
-        return
-    if directory:
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"{name}: {path} exists and is not a folder")
-        target = path if path.exists() else _existing_parent(path)
-    else:
-        if path.is_dir():
-            raise ConfigError(f"{name}: {path} is a folder, not a file")
-        if path.exists() and not os.access(path, os.W_OK):
-            raise ConfigError(f"{name}: {path} is not writable")
-        target = path.parent
-        if not target.is_dir():
-            raise ConfigError(f"{name}: {path}: folder {target} does not exist")
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise ConfigError(f"{name}: {path}: folder {target} is not writable")
-
-
-def _existing_parent(path: Path) -> Path:
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{path}: {parent} is not a folder")
-            return parent
-    return Path("/")
+        print(f"kvtide: warning: {line}", file=sys.stderr)
 
 
 def validate_names(routers: Sequence[str], eviction: str) -> None:
@@ -357,13 +326,6 @@ def simulation_json(
         "workload": {**workload, "setup": describe_setup(scenario)},
         "runs": [r.summary.to_json() for r in results],
     }
-
-
-def write_text(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
 def describe(console: Console, scenario: Scenario, workload: dict[str, Any]) -> None:

@@ -14,15 +14,13 @@ from typing import Any
 
 from rich.console import Console
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.simulate import (
-    JOBS,
     add_fleet_arguments,
     check_from_args,
-    check_writable,
     run_with_progress,
     scenario_from_args,
     warn,
-    write_text,
 )
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.cli.tiers_study import register_tiers
@@ -87,7 +85,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
     check_writable(args.json_path, "--json")
     console = make_console()
     for spec in traffic.values():
-        warn(console, check_from_args(base.with_(workload=spec), args))
+        warn(check_from_args(base.with_(workload=spec), args))
     points = study_points(base, traffic, args.lag, args.loss)
     console.print(
         f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}; "

@@ -12,13 +12,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.simulate import (
-    JOBS,
-    check_writable,
     run_with_progress,
     validate_names,
     warn,
-    write_text,
 )
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.display import count, number, plural
@@ -72,13 +70,13 @@ def run(args: argparse.Namespace) -> int:
     for scenario in dict.fromkeys(scenarios):
         validate_names([scenario.router], scenario.eviction)
     console = make_console()
-    warn(console, list(dict.fromkeys(w for p in points for w in p.warnings)))
+    warn(list(dict.fromkeys(w for p in points for w in p.warnings)))
     console.print(f"sweep: {plural(len(points), 'point')} from {args.config}")
     results = execute(scenarios, args, console)
     skipped = sum(int(r.diagnostics.get("skipped_requests", 0)) for r in results)
     if skipped:
         longer = "longer than a replica's whole KV pool skipped"
-        warn(console, [f"{plural(skipped, 'request')} {longer}"])
+        warn([f"{plural(skipped, 'request')} {longer}"])
     table_rows = rows(points, results)
     keys = list(points[0].values) if points else []
     metrics = [

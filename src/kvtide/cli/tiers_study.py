@@ -13,16 +13,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kvtide.cli._checks import JOBS, check_writable, write_text
 from kvtide.cli.simulate import (
-    JOBS,
     add_fleet_arguments,
     check_from_args,
-    check_writable,
     run_with_progress,
     scenario_from_args,
     validate_names,
     warn,
-    write_text,
 )
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.display import DASH, plural, signed, tokens
@@ -92,7 +90,7 @@ def run_tiers(args: argparse.Namespace) -> int:
     for design, scenario in zip(designs, scenarios, strict=True):
         check_scenario(scenario, functools.partial(_tier_name, label=design.label))
     prepared = prepare(base)  # validates the workload and model before any process starts
-    warn(console, [*warnings, *prepared.skipped])
+    warn([*warnings, *prepared.skipped])
     console.print(
         f"tier study: {base.workload} ({plural(len(prepared.requests), 'request')}), "
         f"{base.replicas} × {base.model} on {base.tp} × {base.gpu}; KV per replica: "

@@ -14,8 +14,6 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
-import torch
-
 from kvtide.clock import WallClock
 from kvtide.core.hashing import Namespace
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
@@ -25,7 +23,7 @@ from kvtide.engine_server.stream import RequestStream
 from kvtide.errors import CapacityError, ConfigError
 from kvtide.tensors.gguf_loader import load_gguf
 from kvtide.tensors.model import LlamaModel
-from kvtide.tensors.runner import PagedRunner
+from kvtide.tensors.runner import PagedRunner, PrefillStats
 from kvtide.text import Tokenizer, find_smollm2_gguf
 
 if TYPE_CHECKING:
@@ -79,7 +77,9 @@ class RealModelEngine:
         metrics.bind_gauges(
             lambda: float(self._running),
             lambda: float(len(self._queue)),
-            lambda: 1.0 - cache.pool.num_free / cache.capacity_blocks,
+            lambda: (
+                1.0 - (cache.pool.num_free + cache.num_evictable_blocks) / cache.capacity_blocks
+            ),
         )
 
     @classmethod
@@ -174,32 +174,33 @@ class RealModelEngine:
         # The runner hashes prompts with its namespace seed: a salted request gets its own.
         runner.seed = salt_seed(self.model_name, job.salt) if job.salt else self._seed
         stream = job.stream
-        with torch.inference_mode():
-            prefill = runner.prefill(job.token_ids)
-            sequence = prefill.sequence
-            logits = prefill.logits
-            out: list[int] = []
-            text = ""
-            try:
-                loop.call_soon_threadsafe(stream.first_token, prefill.stats.reused_tokens)
-                while True:
-                    token = int(torch.argmax(logits))
-                    out.append(token)
-                    # special tokens (the EOS) count but are not shown, as vLLM's default
-                    # skip_special_tokens; a piece ending mid-character waits for the rest
-                    full = self.tokenizer.decode(out, skip_special_tokens=True)
-                    piece = "" if full.endswith("\ufffd") else full[len(text) :]
-                    text = text if full.endswith("\ufffd") else full
-                    loop.call_soon_threadsafe(stream.push, piece)
-                    if token == self.eos_id:
-                        return "stop"
-                    if len(out) >= job.max_tokens:
-                        return "length"
-                    if self._is_aborted(job.request_id):
-                        return "abort"
-                    logits = runner.decode(sequence, token)
-            finally:
-                runner.release(sequence)
+
+        def prefilled(stats: PrefillStats) -> None:
+            loop.call_soon_threadsafe(stream.first_token, stats.reused_tokens)
+
+        out: list[int] = []
+        text = ""
+        tokens = runner.stream(
+            job.token_ids, job.max_tokens, eos_id=self.eos_id, on_prefill=prefilled
+        )
+        try:
+            for token in tokens:
+                out.append(token)
+                # special tokens (the EOS) count but are not shown, as vLLM's default
+                # skip_special_tokens; a piece ending mid-character waits for the rest
+                full = self.tokenizer.decode(out, skip_special_tokens=True)
+                if not full.endswith("\ufffd"):
+                    piece, text = full[len(text) :], full
+                else:
+                    piece = ""
+                loop.call_soon_threadsafe(stream.push, piece)
+                if token == self.eos_id:
+                    return "stop"
+                if len(out) < job.max_tokens and self._is_aborted(job.request_id):
+                    return "abort"
+        finally:
+            tokens.close()  # releases the sequence's blocks if it ended early
+        return "length"
 
     def close(self) -> None:
         self._closed = True

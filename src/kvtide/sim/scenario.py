@@ -155,7 +155,10 @@ def prepare(scenario: Scenario) -> PreparedWorkload:
     time_scale = scenario.time_scale
     if scenario.load is not None:
         if span_s <= 0:
-            raise ConfigError("a load needs a workload whose requests arrive over time")
+            raise ConfigError(
+                f"load (--load) {scenario.load:g}: every request of {scenario.workload} "
+                "arrives at one instant, so there is no pace to rescale; leave the load out"
+            )
         factor = offered / scenario.load
         time_scale *= factor
         first = requests[0].arrival_s

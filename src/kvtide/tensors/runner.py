@@ -12,7 +12,7 @@ recomputes its last block so that there is a token to take logits from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,6 +192,32 @@ class PagedRunner:
         finally:
             self.release(sequence)
         return Generation(out, prefill.stats, prefill.logits, steps)
+
+    def stream(
+        self,
+        token_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_id: int | None = None,
+        on_prefill: Callable[[PrefillStats], None] = lambda stats: None,
+    ) -> Generator[int, None, None]:
+        """Greedy decoding one token at a time, for a server: ``on_prefill`` gets the prompt's
+        reuse once it is computed, then each token is yielded as soon as it is chosen. Closing
+        the generator early (a client went away) releases the sequence's blocks."""
+        with torch.inference_mode():
+            prefill = self.prefill(token_ids)
+            sequence = prefill.sequence
+            try:
+                on_prefill(prefill.stats)
+                logits = prefill.logits
+                for n in range(1, max_new_tokens + 1):
+                    token = int(torch.argmax(logits))
+                    yield token
+                    if token == eos_id or n == max_new_tokens:
+                        return
+                    logits = self.decode(sequence, token)
+            finally:
+                self.release(sequence)
 
     def evict_device(self, num_blocks: int) -> int:
         """Evicts unlocked device blocks (by the device policy); the tiers write them down."""

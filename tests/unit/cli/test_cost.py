@@ -81,8 +81,14 @@ def test_cost_reads_a_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[
         (["cost", "--model", "llama-3-8b", "--gpu", "tpu"], "unknown gpu 'tpu'; valid: a100"),
         (["cost", "--model", "llama-3-8b", "--gpu", "h100", "--tp", "5"], "does not divide"),
         (["cost", "--model", "llama-3-8b", "--gpu", "h100", "--dtype", "fp4"], "KV dtype"),
-        (["cost", "--model", "llama-3-8b", "--gpu", "h100", "--link-load", "1"], "[0, 1)"),
-        (["cost", "--model", "llama-3-8b", "--gpu", "h100", "--tp", "x"], "invalid int value"),
+        (
+            ["cost", "--model", "llama-3-8b", "--gpu", "h100", "--link-load", "1"],
+            "--link-load: must be less than 1",
+        ),
+        (
+            ["cost", "--model", "llama-3-8b", "--gpu", "h100", "--tp", "x"],
+            "--tp: not a whole number, got 'x'",
+        ),
         (["cost", "--gpu", "h100"], "required: --model"),
         (["cost", "--model", "llama-3-8b", "--gpu", "h100", "--bogus"], "unrecognized"),
         (

@@ -96,12 +96,12 @@ def test_a_mooncake_trace_with_requests_and_tenant_salt(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "problem"),
     [
-        (["--policy", "lru,nope"], "unknown eviction policy 'nope'"),
-        (["--capacity", "0"], "capacity must be a positive number of tokens, got 0"),
-        (["--capacity", "1000,-5"], "capacity must be a positive number of tokens, got -5"),
-        (["--capacity", "lots"], "'lots' is not a number of tokens"),
-        (["--capacity", "8"], "8 tokens is less than one 16-token block"),
-        (["--requests", "0"], "--requests must be at least 1"),
+        (["--policy", "lru,nope"], "--policy: must be one of cost, lfu, lru"),
+        (["--capacity", "0"], "--capacity: must be at least 1 token, got '0'"),
+        (["--capacity", "1000,-5"], "--capacity: must be at least 1 token, got '-5'"),
+        (["--capacity", "lots"], "--capacity: not a token count"),
+        (["--capacity", "8"], "--capacity: 8 tokens hold no 16-token block"),
+        (["--requests", "0"], "--requests: must be at least 1, got '0'"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(

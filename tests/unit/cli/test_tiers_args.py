@@ -11,7 +11,6 @@ from kvtide.cli._tiers_args import (
     add_tier_arguments,
     build_cache,
     has_tiers,
-    parse_tokens,
     tier_report,
 )
 from kvtide.clock import ManualClock
@@ -31,13 +30,14 @@ def parse(*argv: str) -> argparse.Namespace:
     ("text", "tokens"), [("4096", 4096), ("512k", 512_000), ("10M", 10**7), ("1.5g", 15 * 10**8)]
 )
 def test_token_counts_take_decimal_suffixes(text: str, tokens: int) -> None:
-    assert parse_tokens(text) == tokens
+    assert parse("--host-capacity", text).host_capacity == tokens
 
 
-@pytest.mark.parametrize("text", ["ten", "-5", "1.5", "M"])
-def test_bad_token_counts_are_refused(text: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError):
-        parse_tokens(text)
+@pytest.mark.parametrize("text", ["ten", "-5", "1.5", "M", "nan", "inf"])
+def test_bad_token_counts_are_refused(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("--host-capacity", text)
+    assert "--host-capacity: " in capsys.readouterr().err
 
 
 def test_defaults_ask_for_no_tier() -> None:
