@@ -10,7 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
-from kvtide.cli.simulate import add_fleet_arguments, check_writable, scenario_from_args, write_text
+from kvtide.cli._checks import check_writable, write_text
+from kvtide.cli.simulate import add_fleet_arguments, scenario_from_args
 from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.quantities import flag, integer, items, text
 from kvtide.routing.specs import policy_names
