@@ -24,9 +24,10 @@ _SUBCOMMANDS: dict[str, str] = {
     "sweep": "kvtide.cli.sweep",
     "cost": "kvtide.cli.cost",
     "calibrate": "kvtide.cli.calibrate",
-    "alerts": "kvtide.cli.alerts",
+    "serve": "kvtide.cli.serve",
     "engine": "kvtide.cli.engine",
     "load": "kvtide.cli.load",
+    "alerts": "kvtide.cli.alerts",
     "profile": "kvtide.cli.profile",
     "doctor": "kvtide.cli.doctor",
 }

@@ -7,7 +7,7 @@ the end. Policies and ``ReplicaState`` can also be driven directly; this is the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvtide.errors import UsageError
 from kvtide.routing.consistency import IndexHealth
@@ -46,15 +46,19 @@ class Router:
         self.replicas.pop(replica, None)
         self._list = list(self.replicas.values())
 
-    def route(self, request: RouteRequest) -> RouteDecision:
-        """Chooses a replica and books the request there (policy and replica state)."""
+    def route(
+        self, request: RouteRequest, among: Sequence[ReplicaState] | None = None
+    ) -> RouteDecision:
+        """Chooses a replica and books the request there (policy and replica state).
+        ``among`` narrows the choice (the gateway: replicas serving the request's model,
+        outside slow start's cap, not tried already); default: every replica."""
         if self.block_tokens is not None and request.block_tokens != self.block_tokens:
             raise UsageError(
                 f"request {request.request_id!r} is hashed at {request.block_tokens}-token "
                 f"blocks, but this router's policy works at {self.block_tokens} "
                 "(RoutingContext.block_tokens): hash it at the engines' block size"
             )
-        decision = self.policy.choose(request, self._list)
+        decision = self.policy.choose(request, self._list if among is None else among)
         self.policy.on_dispatch(request, decision)
         self.replicas[decision.replica].dispatch(_prefill_tokens(request, decision))
         return decision

@@ -52,16 +52,22 @@ class KvEventPublisher:
         self._topic = topic.encode()
         self._legacy = legacy_arrays
         self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.set_hwm(hwm)
-        self._pub.bind(endpoint)
-        self.bound_endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay: zmq.Socket[bytes] | None = None
         self.bound_replay_endpoint: str | None = None
-        if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
-            self._replay.bind(replay_endpoint)
-            self.bound_replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        try:  # a port still held (a restart right after a close) must not leak the sockets
+            self._pub.set_hwm(hwm)
+            self._pub.bind(endpoint)
+            if replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
+                self._replay.bind(replay_endpoint)
+                self.bound_replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError:
+            self._pub.close(linger=0)
+            if self._replay is not None:
+                self._replay.close(linger=0)
+            raise
+        self.bound_endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._lock = threading.Lock()
         self._seq = 0

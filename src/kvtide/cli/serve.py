@@ -1,0 +1,65 @@
+"""`kvtide serve`: the OpenAI-compatible gateway in front of engine replicas."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from kvtide.clock import WallClock
+from kvtide.errors import ConfigError
+from kvtide.gateway import load_config, serve
+from kvtide.routing import GlobalPrefixIndex, RoutingContext
+from kvtide.routing.specs import build_policy, needs_index
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible gateway routing to engine replicas by prefix and load",
+        description="An OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, "
+        "/v1/models, /health, /ready, /metrics, /admin/replicas) routing each request "
+        "through a kvtide routing policy. Flags override --config.",
+    )
+    p.add_argument("--config", help="YAML file with every setting (reloaded on SIGHUP)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (default 8000)")
+    p.add_argument(
+        "--replica",
+        action="append",
+        metavar="URL[=MODEL][,events=tcp://..][,replay=tcp://..]",
+        help="an engine replica (repeatable)",
+    )
+    p.add_argument("--policy", help="router NAME[:key=value...] from the registry (default cost)")
+    p.add_argument("--state", help="local (default) or redis://HOST:PORT/DB")
+    p.add_argument("--state-prefix", help="key prefix in the shared store (default kvtide)")
+    p.add_argument("--tokenizer", help="tokenizer directory or GGUF: exact prefix identity")
+    p.add_argument("--api-keys", help="YAML file of hashed API keys -> tenants")
+    p.add_argument("--admin-key", help="bearer key of the admin API (off without it)")
+    p.add_argument("--tenant-secret", help="secret the per-tenant cache salts derive from")
+    p.add_argument("--log-level", default="warning", help="python logging level")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="kvtide serve: %(message)s")
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "policy": args.policy,
+        "state": args.state,
+        "state_prefix": args.state_prefix,
+        "tokenizer": args.tokenizer,
+        "api_keys": args.api_keys,
+        "admin_key": args.admin_key,
+        "tenant_secret": args.tenant_secret,
+        "replicas": args.replica,
+    }
+    config = load_config(args.config, overrides)
+    if not config.replicas:
+        raise ConfigError("no replicas: give --replica URL or replicas: in --config")
+    # a bad policy spec is a one-line error here, not a traceback from inside the server
+    index = GlobalPrefixIndex() if needs_index(config.policy) else None
+    ctx = RoutingContext(clock=WallClock(), index=index)
+    build_policy(config.policy, ctx)
+    serve(config)
+    return 0

@@ -1,0 +1,622 @@
+"""The gateway app: OpenAI endpoints, health, readiness, metrics and the admin API.
+
+``Gateway`` holds the routing state (one ``routing.Router`` over every replica, the index its
+policy reads) and the engines' connection pool; ``build_app`` wires it into an aiohttp app
+whose lifespan owns the background loops (health checks, load scraping, KV-event intake) in
+one ``TaskGroup``; ``serve`` runs it until SIGTERM/SIGINT (drain) and reloads on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import itertools
+import logging
+import secrets
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from kvtide.clock import WallClock
+from kvtide.errors import ConfigError, KvtideError
+from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
+from kvtide.gateway.health import HealthChecker
+from kvtide.gateway.intake import EventIntake
+from kvtide.gateway.metrics import GatewayMetrics
+from kvtide.gateway.prompts import Prompt, PromptHasher, PromptTokenizer
+from kvtide.gateway.proxy import Proxy
+from kvtide.gateway.replicas import Replica, ReplicaSet
+from kvtide.gateway.shared import SharedState
+from kvtide.gateway.status import (
+    BAD_REQUEST,
+    FORBIDDEN,
+    MODEL_NOT_FOUND,
+    NOT_FOUND,
+    UNAVAILABLE,
+    ApiError,
+    as_api_error,
+    error_body,
+    status_for_http,
+)
+from kvtide.gateway.tenants import Tenant, TenantTable
+from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, RoutingContext
+from kvtide.routing.identity import namespace_seed
+from kvtide.routing.router import Router
+from kvtide.routing.shadow import ShadowFleet
+from kvtide.routing.specs import build_policy, parse_router
+from kvtide.text import Tokenizer, smollm2
+from kvtide.types import ReplicaId
+
+log = logging.getLogger("kvtide.gateway")
+
+SHADOW_CAPACITY_BLOCKS = 65_536
+"""Text mode: blocks each replica's shadow cache holds (an engine's KV is unknown here)."""
+SHADOW_TTL_S = 600.0
+
+
+def load_tokenizer(path: str) -> PromptTokenizer:
+    """A tokenizer directory (tokenizer.json + tokenizer_config.json), a GGUF file, or
+    ``smollm2``: SmolLM2-135M-Instruct's, the emulated engine's default."""
+    if path == "smollm2":
+        return smollm2()
+    return Tokenizer.load(path)
+
+
+class Gateway:
+    """Everything a request needs, independent of the HTTP layer."""
+
+    def __init__(self, config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -> None:
+        self.config = config
+        self.clock = WallClock()
+        self.metrics = GatewayMetrics()
+        if tokenizer is None and config.tokenizer:
+            tokenizer = load_tokenizer(config.tokenizer)
+        self.prompts = PromptHasher(
+            config.block_tokens,
+            config.chunk_chars,
+            config.limits.max_prompt_chars,
+            config.limits.max_prompt_tokens,
+            tokenizer,
+        )
+        self.replicas = ReplicaSet(config.failover, config.block_tokens, self.clock)
+        for spec in config.replicas:
+            self.replicas.add(spec)
+        self.shadow: ShadowFleet | None = None
+        if self.prompts.is_exact:
+            self.index: GlobalPrefixIndex = GlobalPrefixIndex()
+        else:
+            self.shadow = ShadowFleet(
+                SHADOW_CAPACITY_BLOCKS,
+                self.clock,
+                block_tokens=config.block_tokens,
+                ttl_s=SHADOW_TTL_S,
+            )
+            self.index = self.shadow.index
+        self.ctx = RoutingContext(
+            block_tokens=config.block_tokens, clock=self.clock, index=self.index
+        )
+        self.router = Router(build_policy(self._policy_spec(), self.ctx), [])
+        for r in self.replicas:
+            self.router.add_replica(r.state)
+        secret = config.tenant_secret.encode() if config.tenant_secret else secrets.token_bytes(32)
+        self.tenants = TenantTable(secret, config.limits, self.clock)
+        self.tenants.load(config.api_keys)
+        self._admin_key = config.admin_key
+        self._seeds: dict[tuple[str, str], int] = {}
+        self._ids = itertools.count()
+        self.intakes: dict[ReplicaId, EventIntake] = {}
+        self.intake_tasks: dict[ReplicaId, asyncio.Task[None]] = {}
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvtide-intake")
+        self.draining = False
+        self.shared: SharedState | None = None
+        if config.state != "local":
+            self.shared = SharedState(
+                config.state, config.state_prefix, on_resync=self._resync_intake
+            )
+        self.session: aiohttp.ClientSession | None = None
+        self.proxy: Proxy | None = None
+        self.checker: HealthChecker | None = None
+        self.task_group: asyncio.TaskGroup | None = None
+
+    def _policy_spec(self) -> str:
+        """Text mode's index is the shadow of the gateway's own decisions, updated at each
+        dispatch: the provisional entries ``cost`` and ``precise`` keep until the engines'
+        events land would duplicate it, at a cost per request, so they are off unless asked."""
+        spec = self.config.policy
+        name, options = parse_router(spec)
+        if self.shadow is not None and name in ("cost", "precise") and "provisional" not in options:
+            spec += ":provisional=false"
+        return spec
+
+    # --- identity ------------------------------------------------------------------------
+
+    def seed(self, model: str, salt: str) -> int:
+        """The namespace seed of (model, tenant salt): the same the event intake uses for
+        blocks stored under that ``cache_salt``."""
+        key = (model, salt)
+        seed = self._seeds.get(key)
+        if seed is None:
+            seed = self._seeds[key] = namespace_seed(model, salt.encode())
+        return seed
+
+    def _on_dispatch(self, route: RouteRequest, decision: RouteDecision) -> None:
+        if self.shadow is not None:
+            self.shadow.record(decision.replica, route.block_hashes)
+
+    # --- replicas ------------------------------------------------------------------------
+
+    def add_replica(self, spec: ReplicaSpec) -> Replica:
+        if self.replicas.get(spec.replica_id) is not None:
+            raise ApiError(BAD_REQUEST, f"replica {spec.replica_id} exists", "url")
+        replica = self.replicas.add(spec)
+        self.router.add_replica(replica.state)
+        if self.task_group is not None:
+            self._start_intake(replica)
+            self.task_group.create_task(self._discover(replica))
+        return replica
+
+    async def _discover(self, replica: Replica) -> None:
+        if self.checker is not None:
+            await self.checker.discover(replica)
+
+    def remove_replica(self, replica_id: ReplicaId) -> None:
+        replica = self.replicas.remove(replica_id)
+        if replica is None:
+            raise ApiError(NOT_FOUND, f"no replica {replica_id}", "replica")
+        self.router.remove_replica(replica_id)
+        task = self.intake_tasks.pop(replica_id, None)
+        if task is not None:
+            task.cancel()
+        self.index.clear_replica(replica_id)
+        if self.shadow is not None:
+            self.shadow.forget(replica_id)
+
+    def _model_of(self, replica: Replica) -> str:
+        return replica.spec.model or (min(replica.models) if replica.models else "default")
+
+    def _start_intake(self, replica: Replica) -> None:
+        spec = replica.spec
+        if spec.events is None or not self.prompts.is_exact or self.task_group is None:
+            return
+
+        def seed_for_salt(salt: str | None) -> int:
+            return self.seed(self._model_of(replica), salt or "")
+
+        intake = EventIntake(
+            replica.replica_id,
+            spec.events,
+            spec.replay,
+            self.config.block_tokens,
+            seed_for_salt,
+            self.index,
+            self.executor,
+            after_commit=self.shared.write if self.shared is not None else None,
+        )
+        self.intakes[replica.replica_id] = intake
+        task = self.task_group.create_task(self._run_intake(intake))
+        self.intake_tasks[replica.replica_id] = task
+
+    async def _run_intake(self, intake: EventIntake) -> None:
+        try:
+            await intake.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a broken stream must not take the gateway down
+            log.exception("KV event intake of %s stopped", intake.replica)
+
+    def _resync_intake(self, replica_id: ReplicaId) -> None:
+        intake = self.intakes.get(replica_id)
+        if intake is not None:
+            intake.restart()
+
+    async def _maintain_shared(self) -> None:
+        shared = self.shared
+        assert shared is not None
+        await shared.maintain({r.replica_id: r.in_flight for r in self.replicas})
+        self.metrics.state_degraded.set(1 if shared.degraded else 0)
+        if not shared.degraded:
+            for r in self.replicas:
+                r.count_others(shared=shared.others_in_flight.get(r.replica_id, 0))
+
+    def _on_down(self, replica: Replica) -> None:
+        self.metrics.healthy.labels(replica.replica_id).set(0)
+
+    def _on_up(self, replica: Replica) -> None:
+        self.metrics.healthy.labels(replica.replica_id).set(1)
+        intake = self.intakes.get(replica.replica_id)
+        if intake is not None:
+            intake.restart()  # it may have restarted: rebuild from its replay buffer
+
+    # --- requests ------------------------------------------------------------------------
+
+    async def complete(self, request: web.Request, path: str, is_chat: bool) -> web.StreamResponse:
+        if self.draining:
+            raise ApiError(UNAVAILABLE, "the gateway is draining", retry_after_s=1.0)
+        arrival_s = self.clock.now()
+        tenant = self.tenants.authenticate(request.headers.get("Authorization"))
+        body = _json_object(await request.read())
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise ApiError(BAD_REQUEST, "'model' must be a non-empty string", "model")
+        if not self.replicas.serves(model):
+            raise ApiError(MODEL_NOT_FOUND, f"model {model!r} is not served here", "model")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise ApiError(BAD_REQUEST, "'stream' must be a boolean", "stream")
+        max_tokens = _max_tokens(body)
+        seed = self.seed(model, tenant.salt)
+        prompt = self.prompts.chat(body, seed) if is_chat else self.prompts.completion(body, seed)
+        self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
+        try:
+            return await self._forward(
+                request, path, body, tenant, prompt, model, stream, max_tokens, arrival_s
+            )
+        finally:
+            self.tenants.release(tenant)
+
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        body: dict[str, Any],
+        tenant: Tenant,
+        prompt: Prompt,
+        model: str,
+        stream: bool,
+        max_tokens: int,
+        arrival_s: float,
+    ) -> web.StreamResponse:
+        # the client's cache_salt never reaches an engine: the tenant's secret salt does
+        body.pop("cache_salt", None)
+        if tenant.salt:
+            body["cache_salt"] = tenant.salt
+        route = RouteRequest(
+            block_hashes=prompt.hashes,
+            prompt_tokens=prompt.prompt_tokens,
+            block_tokens=self.config.block_tokens,
+            request_id=f"gw-{next(self._ids)}",
+            tenant=tenant.name,
+            output_tokens=max_tokens,
+        )
+        assert self.proxy is not None, "the app's lifespan has not started"
+        if self.shared is not None and self.prompts.is_exact:
+            match = await self.shared.match(prompt.hashes)
+            if match is not None:
+                route = dataclasses.replace(route, prefix_match=match)
+        payload = orjson.dumps(body)
+        return await self.proxy.forward(request, path, payload, route, model, stream, arrival_s)
+
+    # --- admin -----------------------------------------------------------------------------
+
+    def check_admin(self, request: web.Request) -> None:
+        key = self._admin_key
+        if key is None:
+            raise ApiError(FORBIDDEN, "the admin API is off (start with --admin-key)")
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(FORBIDDEN, "admin key required")
+
+    def reload(self) -> None:
+        """SIGHUP: re-reads the config file and the keys file; replicas added or removed."""
+        path = self.config.config_path
+        try:
+            new = load_config(path) if path else self.config
+            new = dataclasses.replace(new, config_path=path)
+            self.tenants.limits = new.limits
+            self.tenants.load(new.api_keys)
+        except KvtideError as exc:
+            log.error("reload failed, keeping the running config: %s", exc)
+            return
+        wanted = {s.replica_id: s for s in new.replicas}
+        if path:
+            for r in list(self.replicas):
+                if r.replica_id not in wanted:
+                    self.remove_replica(r.replica_id)
+            for rid, spec in wanted.items():
+                if self.replicas.get(rid) is None:
+                    self.add_replica(spec)
+        self._admin_key = new.admin_key
+        self.config = dataclasses.replace(self.config, api_keys=new.api_keys, limits=new.limits)
+        log.warning("reloaded %s", path or "the keys file")
+
+    # --- status ----------------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        replicas = []
+        routable = 0
+        for r in self.replicas:
+            ok = r.can_take() or (not r.is_down and not r.draining)
+            routable += ok
+            intake = self.intakes.get(r.replica_id)
+            replicas.append(
+                {
+                    "id": r.replica_id,
+                    "url": r.url,
+                    "models": sorted(r.models),
+                    "up": not r.is_down,
+                    "draining": r.draining,
+                    "in_flight": r.in_flight,
+                    "slow_start": r.allowance,
+                    "events": None
+                    if intake is None
+                    else {"connected": intake.is_connected, **dataclasses.asdict(intake.stats)},
+                }
+            )
+        state: dict[str, Any] = {"kind": "local", "ok": True}
+        shared = self.shared
+        if shared is not None:
+            state = {
+                "kind": "redis",
+                "ok": not shared.degraded,
+                "degraded": shared.degraded,
+                "intakes_held": sorted(shared.owned),
+                "errors": shared.num_errors,
+            }
+        is_ready = routable > 0 and not self.draining
+        return is_ready, {
+            "ready": is_ready,
+            "draining": self.draining,
+            "mode": "tokens" if self.prompts.is_exact else "text",
+            "policy": self.config.policy,
+            "replicas": replicas,
+            "state": state,
+        }
+
+    # --- lifespan ----------------------------------------------------------------------------
+
+    async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
+        t = self.config.timeouts
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_read=t.read_s),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+        self.proxy = Proxy(
+            self.replicas,
+            self.router,
+            self.session,
+            self.metrics,
+            self.clock.now,
+            self._on_dispatch,
+        )
+        self.checker = HealthChecker(
+            self.replicas, self.session, self.clock.now, t.health_s, self._on_down, self._on_up
+        )
+        await asyncio.gather(*(self.checker.discover(r) for r in self.replicas))
+        for r in self.replicas:
+            self.metrics.healthy.labels(r.replica_id).set(1)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self.task_group = tg
+                for r in self.replicas:
+                    self._start_intake(r)
+                f = self.config.failover
+                loops = [
+                    tg.create_task(_every(f.health_interval_s, self.checker.check_all)),
+                    tg.create_task(_every(f.scrape_interval_s, self.checker.scrape_all)),
+                ]
+                if self.shared is not None:
+                    await self._maintain_shared()
+                    loops.append(tg.create_task(_every(1.0, self._maintain_shared)))
+                yield
+                for task in [*loops, *self.intake_tasks.values()]:
+                    task.cancel()
+        finally:
+            self.task_group = None
+            self.executor.shutdown(wait=True, cancel_futures=True)
+            for intake in self.intakes.values():
+                intake.close()
+            await self.session.close()
+            if self.shared is not None:
+                await self.shared.close()
+
+
+async def _every(period_s: float, fn: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await fn()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background loop %s failed; continuing", fn)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(BAD_REQUEST, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(BAD_REQUEST, "the body must be a JSON object")
+    return body
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if type(value) is not int or value < 1:
+            raise ApiError(BAD_REQUEST, f"'{key}' must be an integer >= 1", key)
+        return value
+    return 16
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+
+def _error_response(err: ApiError) -> web.Response:
+    headers = {}
+    if err.retry_after_s is not None:
+        headers["Retry-After"] = str(max(int(err.retry_after_s), 1))
+    return web.Response(
+        body=error_body(err),
+        status=err.status.http,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    metrics = gateway.metrics
+
+    @web.middleware
+    async def errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        endpoint = (
+            request.match_info.route.resource.canonical
+            if request.match_info.route.resource
+            else "other"
+        )
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            resp = _error_response(ApiError(status_for_http(exc.status), exc.reason))
+        except Exception as exc:
+            err = as_api_error(exc)
+            if err.status.http >= 500 and not isinstance(exc, KvtideError):
+                log.exception("unexpected error on %s", request.path)
+            if 400 <= err.status.http < 500:
+                metrics.rejected.labels(err.status.code).inc()
+            resp = _error_response(err)
+        metrics.child(metrics.requests, endpoint, str(resp.status)).inc()
+        return resp
+
+    app = web.Application(
+        client_max_size=gateway.config.limits.max_body_bytes, middlewares=[errors]
+    )
+    app["gateway"] = gateway
+    app.cleanup_ctx.append(gateway.lifespan)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await gateway.complete(request, "/v1/chat/completions", True)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await gateway.complete(request, "/v1/completions", False)
+
+    async def models(request: web.Request) -> web.Response:
+        gateway.tenants.authenticate(request.headers.get("Authorization"))
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "kvtide"}
+            for m in gateway.replicas.models()
+        ]
+        return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(request: web.Request) -> web.Response:
+        ok, body = gateway.ready()
+        return web.json_response(body, status=200 if ok else 503, dumps=_dumps)
+
+    async def prometheus(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def list_replicas(request: web.Request) -> web.Response:
+        gateway.check_admin(request)
+        return web.json_response(gateway.ready()[1]["replicas"], dumps=_dumps)
+
+    async def add_replica(request: web.Request) -> web.Response:
+        gateway.check_admin(request)
+        body = _json_object(await request.read())
+        url = body.get("url")
+        if not isinstance(url, str):
+            raise ApiError(BAD_REQUEST, "'url' must be a string", "url")
+        try:
+            spec = ReplicaSpec.parse(url)
+            spec = dataclasses.replace(
+                spec,
+                model=body.get("model") or spec.model,
+                events=body.get("events") or spec.events,
+                replay=body.get("replay") or spec.replay,
+            )
+        except ConfigError as exc:
+            raise ApiError(BAD_REQUEST, str(exc), "url") from exc
+        replica = gateway.add_replica(spec)
+        return web.json_response({"id": replica.replica_id}, status=201)
+
+    def _replica(request: web.Request) -> Replica:
+        gateway.check_admin(request)
+        replica = gateway.replicas.get(request.match_info["replica"])
+        if replica is None:
+            raise ApiError(NOT_FOUND, f"no replica {request.match_info['replica']}", "replica")
+        return replica
+
+    async def drain_replica(request: web.Request) -> web.Response:
+        replica = _replica(request)
+        replica.draining = True
+        replica.state.healthy = False
+        return web.json_response({"id": replica.replica_id, "in_flight": replica.in_flight})
+
+    async def remove_replica(request: web.Request) -> web.Response:
+        replica = _replica(request)
+        gateway.remove_replica(replica.replica_id)
+        return web.json_response({"id": replica.replica_id, "removed": True})
+
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", prometheus)
+    app.router.add_get("/admin/replicas", list_replicas)
+    app.router.add_post("/admin/replicas", add_replica)
+    app.router.add_post("/admin/replicas/{replica}/drain", drain_replica)
+    app.router.add_delete("/admin/replicas/{replica}", remove_replica)
+    return app
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+async def run(config: GatewayConfig, started: Callable[[str], None] | None = None) -> None:
+    """Serves until SIGTERM or SIGINT, then drains (no new requests; in-flight ones get up to
+    ``timeouts.drain_s``); SIGHUP reloads."""
+    gateway = Gateway(config)
+    app = build_app(gateway)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, shutdown_timeout=config.timeouts.drain_s)
+    await site.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, gateway.reload)
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    host, port = sockets[0].getsockname()[:2] if sockets else (config.host, config.port)
+    url = f"http://{host}:{port}"
+    (started or (lambda u: print(f"kvtide serve: listening on {u}", file=sys.stderr, flush=True)))(
+        url
+    )
+    try:
+        await stop.wait()
+    finally:
+        gateway.draining = True
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+
+
+def serve(config: GatewayConfig) -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.run(run(config))

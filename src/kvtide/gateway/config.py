@@ -1,0 +1,201 @@
+"""Gateway settings: a YAML file (``--config``) with the common ones also as flags.
+
+Every key is checked: an unknown key or a wrong type is one ``ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from kvtide.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """One engine: its base URL, the model it serves (learned from ``/v1/models`` when not
+    given) and its KV-event endpoints (vLLM's ZMQ PUB and replay sockets)."""
+
+    url: str
+    model: str | None = None
+    events: str | None = None
+    replay: str | None = None
+
+    @property
+    def replica_id(self) -> str:
+        """host:port: the same id in every gateway replica (Redis index fields use it)."""
+        return urlsplit(self.url).netloc
+
+    @classmethod
+    def parse(cls, text: str) -> ReplicaSpec:
+        """``URL[=model][,events=tcp://...][,replay=tcp://...]``."""
+        head, *items = text.split(",")
+        url, _, model = head.partition("=")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"--replica {text!r}: expected http://HOST:PORT[=model][,events=..]")
+        opts: dict[str, str] = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or key not in ("events", "replay"):
+                raise ConfigError(f"--replica {text!r}: unknown option {item!r} (events, replay)")
+            opts[key] = value
+        return cls(url.rstrip("/"), model or None, opts.get("events"), opts.get("replay"))
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_prompt_chars: int = 1_000_000
+    """Prompt text (all messages) above this is a 400 before any routing work."""
+    max_prompt_tokens: int = 131_072
+    max_concurrency: int = 256
+    """Per tenant unless its key entry says otherwise."""
+    tokens_per_minute: int = 0
+    """Per tenant (prompt + max_tokens, estimated); 0: unlimited."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 2.0
+    read_s: float = 120.0
+    """Longest silence from an engine: before its headers and between two stream chunks."""
+    health_s: float = 2.0
+    drain_s: float = 30.0
+    """SIGTERM: how long in-flight requests may take to finish."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failover:
+    health_interval_s: float = 2.0
+    eject_after: int = 3
+    """Consecutive failures (errors, timeouts, failed health checks) that eject a replica."""
+    eject_s: float = 5.0
+    """First ejection; doubles on each re-ejection up to ``max_eject_s``."""
+    max_eject_s: float = 60.0
+    slow_start_requests: int = 1
+    """A re-admitted replica takes this many concurrent requests, doubling per success."""
+    scrape_interval_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replicas: tuple[ReplicaSpec, ...] = ()
+    policy: str = "cost"
+    state: str = "local"
+    state_prefix: str = "kvtide"
+    """Key prefix in the shared store: gateways sharing an index use the same one."""
+    tokenizer: str | None = None
+    api_keys: str | None = None
+    admin_key: str | None = None
+    tenant_secret: str | None = None
+    """Secret the per-tenant cache salts derive from; all gateway replicas need the same one.
+    Default: a random secret per process (one gateway only)."""
+    block_tokens: int = 16
+    chunk_chars: int = 64
+    """Text mode (no tokenizer): bytes per pseudo-block, about ``block_tokens`` tokens."""
+    limits: Limits = field(default_factory=Limits)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    failover: Failover = field(default_factory=Failover)
+    config_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port: {self.port} is not a TCP port")
+        if self.block_tokens < 1 or self.chunk_chars < 1:
+            raise ConfigError("block_tokens and chunk_chars must be >= 1")
+        if self.state != "local" and not self.state.startswith(("redis://", "rediss://")):
+            raise ConfigError(f"state: expected local or redis://..., got {self.state!r}")
+        ids = [r.replica_id for r in self.replicas]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"replicas: the same host:port twice in {ids}")
+
+
+_SECTIONS: dict[str, type[Any]] = {"limits": Limits, "timeouts": Timeouts, "failover": Failover}
+
+
+def _section(name: str, cls: type[Any], raw: object) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{name}: expected a mapping")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        f = known.get(str(key))
+        if f is None:
+            raise ConfigError(f"{name}.{key}: unknown key (valid: {', '.join(known)})")
+        default: Any = f.default
+        if isinstance(default, bool) or not isinstance(value, type(default) | int):
+            raise ConfigError(f"{name}.{key}: expected {type(default).__name__}, got {value!r}")
+        values[str(key)] = type(default)(value)
+    return cls(**values)
+
+
+def from_mapping(raw: Mapping[str, Any], source: str = "config") -> GatewayConfig:
+    """A config from parsed YAML; ``replicas`` entries are strings as ``--replica`` takes or
+    mappings with ``url``, ``model``, ``events``, ``replay``."""
+    known = {f.name for f in dataclasses.fields(GatewayConfig)} - {"config_path"}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key {key!r} (valid: {', '.join(sorted(known))})")
+        if key in _SECTIONS:
+            values[key] = _section(key, _SECTIONS[key], value)
+        elif key == "replicas":
+            values[key] = tuple(_replica(source, item) for item in value or ())
+        elif key in ("port", "block_tokens", "chunk_chars"):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{source}: {key}: expected an integer, got {value!r}")
+            values[key] = value
+        elif value is not None and not isinstance(value, str):
+            raise ConfigError(f"{source}: {key}: expected a string, got {value!r}")
+        else:
+            values[key] = value
+    return GatewayConfig(**values)
+
+
+def _replica(source: str, item: object) -> ReplicaSpec:
+    if isinstance(item, str):
+        return ReplicaSpec.parse(item)
+    if isinstance(item, Mapping) and isinstance(item.get("url"), str):
+        extra = set(item) - {"url", "model", "events", "replay"}
+        if extra:
+            raise ConfigError(f"{source}: replicas: unknown keys {sorted(extra)}")
+        spec = ReplicaSpec.parse(str(item["url"]))
+        return dataclasses.replace(
+            spec, model=item.get("model"), events=item.get("events"), replay=item.get("replay")
+        )
+    raise ConfigError(f"{source}: replicas: expected a URL string or a mapping with url")
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML") from exc
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
+def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> GatewayConfig:
+    """The file's settings, then ``overrides`` (flags given on the command line) on top."""
+    raw: dict[str, Any] = read_yaml(path) if path else {}
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            raw[key] = value
+    config = from_mapping(raw, path or "flags")
+    return dataclasses.replace(config, config_path=path)

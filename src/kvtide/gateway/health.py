@@ -1,0 +1,138 @@
+"""Active health checks, model discovery and engine load scraping, one loop each.
+
+Every ``health_interval_s`` each replica's ``/health`` is fetched (timeout ``health_s``): a
+failure counts towards ejection like a failed request; an ejected replica whose ejection time
+is over and whose check passes is re-admitted in slow start, and its models are re-read from
+``/v1/models``. Every ``scrape_interval_s`` each routable replica's ``/metrics`` is read for
+vLLM's ``num_requests_running``, ``num_requests_waiting`` and ``kv_cache_usage_perc``: the
+requests other gateways sent there count in its load, and its KV usage in its utilisation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+
+import aiohttp
+import orjson
+
+from kvtide.gateway.replicas import Replica, ReplicaSet
+
+log = logging.getLogger("kvtide.gateway")
+
+SCRAPED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+_SAMPLE = re.compile(
+    rb"^(vllm:num_requests_running|vllm:num_requests_waiting|vllm:kv_cache_usage_perc)"
+    rb"(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)",
+    re.MULTILINE,
+)
+_KV_SCALE_BLOCKS = 10_000
+"""Scraped KV usage becomes ``kv_used_blocks`` of this many ``capacity_blocks`` when the
+gateway does not know a replica's capacity: only the ratio matters to the policies."""
+
+
+def parse_engine_metrics(text: bytes) -> dict[str, float]:
+    """The scraped gauges, summed over label sets (one per engine, or per DP rank)."""
+    out: dict[str, float] = {}
+    for m in _SAMPLE.finditer(text):
+        name = m.group(1).decode()
+        try:
+            value = float(m.group(2))
+        except ValueError:
+            continue
+        if value == value:  # NaN
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def apply_scrape(replica: Replica, scraped: dict[str, float]) -> None:
+    """Engine-reported load on top of this gateway's own bookkeeping: requests the engine
+    runs or queues beyond those in flight through here came from elsewhere."""
+    state = replica.state
+    engine_requests = int(
+        scraped.get("vllm:num_requests_running", 0) + scraped.get("vllm:num_requests_waiting", 0)
+    )
+    replica.count_others(scraped=max(engine_requests - replica.in_flight, 0))
+    usage = scraped.get("vllm:kv_cache_usage_perc")
+    if usage is not None:
+        if state.capacity_blocks <= 0:
+            state.capacity_blocks = _KV_SCALE_BLOCKS
+        state.kv_used_blocks = int(min(max(usage, 0.0), 1.0) * state.capacity_blocks)
+    replica.scraped = scraped
+
+
+class HealthChecker:
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        session: aiohttp.ClientSession,
+        now_s: Callable[[], float],
+        timeout_s: float,
+        on_down: Callable[[Replica], None],
+        on_up: Callable[[Replica], None],
+    ) -> None:
+        self.replicas = replicas
+        self.session = session
+        self.now_s = now_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.on_down = on_down
+        self.on_up = on_up
+
+    async def _get(self, url: str) -> bytes | None:
+        try:
+            async with self.session.get(url, timeout=self.timeout) as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.read()
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+
+    async def discover(self, replica: Replica) -> bool:
+        """Reads the replica's models; False when it does not answer."""
+        body = await self._get(replica.url + "/v1/models")
+        if body is None:
+            return False
+        try:
+            data = orjson.loads(body).get("data", [])
+            ids = {str(m["id"]) for m in data if isinstance(m, dict) and "id" in m}
+        except (ValueError, AttributeError, TypeError):
+            return False
+        if replica.spec.model:
+            ids.add(replica.spec.model)
+        replica.models = frozenset(ids)
+        return True
+
+    async def check(self, replica: Replica) -> None:
+        ok = await self._get(replica.url + "/health") is not None
+        now = self.now_s()
+        if ok:
+            if replica.is_down and now >= replica.ejected_until_s:
+                if await self.discover(replica):
+                    replica.readmit()
+                    self.on_up(replica)
+            elif not replica.models:
+                await self.discover(replica)
+            if not replica.is_down:
+                replica.consecutive_failures = 0
+            return
+        was_down = replica.is_down
+        if not was_down:
+            replica.failed(now)
+        if replica.is_down and not was_down:
+            log.warning("replica %s ejected (health check failed)", replica.replica_id)
+            self.on_down(replica)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(r) for r in self.replicas))
+
+    async def scrape(self, replica: Replica) -> None:
+        if replica.is_down:
+            return
+        body = await self._get(replica.url + "/metrics")
+        if body is not None:
+            apply_scrape(replica, parse_engine_metrics(body))
+
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(r) for r in self.replicas))

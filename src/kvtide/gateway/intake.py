@@ -1,0 +1,165 @@
+"""KV events from each engine over ZMQ into the gateway's index, off the event loop.
+
+Receiving, decoding and translating (engine hash -> kvtide hash from token ids) run in a
+worker thread, one ``poll`` at a time per engine; what they would do to the index is staged as
+a list of operations and applied on the event loop in one synchronous step. Routing also runs
+on the loop, so a lookup never sees half a batch, and a resync (clear, then the replayed
+batches) never shows a concurrent lookup an emptied replica. An engine restart (its sequence
+numbers start again) is a new epoch: its entries are cleared before the new stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kvtide.clock import WallClock
+from kvtide.core.events import KVEvent
+from kvtide.routing.index import IndexStore
+from kvtide.routing.ingest import Gap, SequencedIngest
+from kvtide.state.kv_events import KvEventSubscriber
+from kvtide.state.kv_translate import EventTranslator
+from kvtide.state.kv_wire import EngineBlockStored, EngineEventBatch
+from kvtide.types import ReplicaId
+
+Op = tuple[str, list[KVEvent]]
+"""("clear", []) or ("apply", events)."""
+
+
+class EpochIngest(SequencedIngest[EngineEventBatch]):
+    """``SequencedIngest`` that treats a live batch numbered below the one expected as an
+    engine restart. Only a replay legitimately sends old numbers (the batches held behind the
+    gap it repairs, again); ZMQ PUB/SUB never redelivers. (A restarted engine that has already
+    published past the old numbering looks like a gap instead; the health checker's
+    re-admission restarts the intake for that case.)"""
+
+    num_epochs = 0
+    replaying = False
+
+    def receive(
+        self, replica: ReplicaId, seq: int, payload: EngineEventBatch, sent_s: float | None = None
+    ) -> Gap | None:
+        nxt = self.next_seq(replica)
+        if not self.replaying and nxt is not None and seq < nxt:
+            self.num_epochs += 1
+            self.rewind(replica)
+        return super().receive(replica, seq, payload, sent_s)
+
+
+class EpochSubscriber(KvEventSubscriber):
+    """Tells its ``EpochIngest`` when batches come from a replay."""
+
+    ingest: EpochIngest
+
+    def _replay_from(self, first: int) -> None:
+        self.ingest.replaying = True
+        try:
+            super()._replay_from(first)
+        finally:
+            self.ingest.replaying = False
+
+
+@dataclass(slots=True)
+class IntakeStats:
+    batches: int = 0
+    epochs: int = 0
+    resyncs: int = 0
+    gaps: int = 0
+
+
+class EventIntake:
+    """One engine's event stream. ``seed_for_salt`` gives the namespace seed the gateway
+    hashes that engine's requests in, from a stored block's ``cache_salt``."""
+
+    def __init__(
+        self,
+        replica: ReplicaId,
+        endpoint: str,
+        replay_endpoint: str | None,
+        block_tokens: int,
+        seed_for_salt: Callable[[str | None], int],
+        index: IndexStore,
+        executor: ThreadPoolExecutor,
+        poll_s: float = 0.05,
+        after_commit: Callable[[ReplicaId, list[Op]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.replica = replica
+        self.index = index
+        self.executor = executor
+        self.poll_s = poll_s
+        self.replay_endpoint = replay_endpoint
+        self.after_commit = after_commit
+        self._ops: list[Op] = []
+        seeds: dict[str | None, int] = {}
+
+        def seed_for(e: EngineBlockStored) -> int:
+            seed = seeds.get(e.cache_salt)
+            if seed is None:
+                seed = seeds[e.cache_salt] = seed_for_salt(e.cache_salt)
+            return seed
+
+        self.translator = EventTranslator(block_tokens, seed_for)
+        self.ingest = EpochIngest(self._stage_apply, self._stage_clear, WallClock())
+        self.subscriber = EpochSubscriber(
+            replica, endpoint, self.ingest, replay_endpoint=replay_endpoint
+        )
+        self.stats = IntakeStats()
+        self.is_connected = False
+        self._restart = True  # bootstrap from the replay socket on the first poll
+        self._closed = False
+
+    def _stage_apply(self, replica: ReplicaId, batch: EngineEventBatch) -> None:
+        self._ops.append(("apply", self.translator.translate(replica, batch.events)))
+
+    def _stage_clear(self, replica: ReplicaId) -> None:
+        self.translator.clear(replica)
+        self._ops.append(("clear", []))
+
+    def restart(self) -> None:
+        """The engine came back after an ejection: start over from its replay buffer."""
+        self._restart = True
+
+    def _poll(self) -> tuple[int, list[Op]]:
+        """In the worker thread: one poll; returns the batches received and staged ops."""
+        if self._closed:
+            return 0, []
+        if self._restart:
+            self._restart = False
+            self.subscriber.bootstrap(0)
+            if self.replay_endpoint is None:
+                self.ingest.rewind(self.replica)
+        got = self.subscriber.poll(self.poll_s)
+        ops, self._ops = self._ops, []
+        return got, ops
+
+    def commit(self, ops: list[Op]) -> None:
+        """On the loop: the staged operations, in one synchronous step."""
+        for kind, events in ops:
+            if kind == "clear":
+                self.index.clear_replica(self.replica)
+            else:
+                self.index.apply_all(self.replica, events)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                got, ops = await loop.run_in_executor(self.executor, self._poll)
+                if ops:
+                    self.commit(ops)
+                    if self.after_commit is not None:
+                        await self.after_commit(self.replica, ops)
+                self.stats.batches += got
+                self.stats.epochs = self.ingest.num_epochs
+                self.stats.resyncs = self.ingest.counters.resyncs
+                self.stats.gaps = self.ingest.counters.gaps
+                self.is_connected = True
+        finally:
+            self._closed = True
+
+    def close(self) -> None:
+        """After ``run`` ended (its last poll has returned)."""
+        self._closed = True
+        self.subscriber.close()

@@ -1,0 +1,268 @@
+"""A request body's prompt identity: its full-block hashes and its size in tokens.
+
+Two modes. With a tokenizer the prompt is rendered (chat template) and tokenized as the engine
+will, and its blocks hashed in the engines' namespace, so the index the engines' KV events feed
+matches it. Without one, the prompt's UTF-8 bytes stand for tokens, ``chunk_chars`` bytes to a
+block (about ``block_tokens`` tokens): approximate, for a shadow index of the gateway's own
+decisions, as sglang-router's character tree is.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from xxhash import xxh3_64_intdigest
+
+from kvtide.core.hashing import BlockHashes, hash_tokens
+from kvtide.gateway.status import BAD_REQUEST, TOO_LARGE, ApiError
+
+CHARS_PER_TOKEN = 4
+"""Bytes per token of English text under BPE vocabularies (tiktoken, Llama): the text-mode
+estimate of ``prompt_tokens``."""
+
+
+class PromptTokenizer(Protocol):
+    """What the gateway needs of ``kvtide.text.Tokenizer``."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Any], add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    hashes: BlockHashes
+    prompt_tokens: int
+
+
+def _text_of_content(content: object, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):  # content parts: only text parts carry prefix identity
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping):
+                raise ApiError(BAD_REQUEST, f"{where}: content parts must be objects", where)
+            text = part.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+        return "".join(parts)
+    raise ApiError(BAD_REQUEST, f"{where}: content must be a string or a list", where)
+
+
+def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    """``messages`` checked and flattened to {role, content} strings."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(BAD_REQUEST, "'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ApiError(BAD_REQUEST, f"messages[{i}] needs a string 'role'", "messages")
+        out.append({"role": m["role"], "content": _text_of_content(m.get("content"), "messages")})
+    return out
+
+
+def completion_prompt(body: Mapping[str, Any]) -> str | list[int]:
+    """``prompt``: one string or one list of token ids (n=1, no batches)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return str(prompt[0])
+    raise ApiError(BAD_REQUEST, "'prompt' must be a string or a list of token ids", "prompt")
+
+
+if sys.byteorder != "little":  # BlockHashes packs little-endian uint64
+    raise ImportError("kvtide.gateway.prompts assumes a little-endian machine")
+
+
+class PromptHasher:
+    """Prompt -> ``Prompt`` in one namespace seed per call (the tenant's and model's)."""
+
+    def __init__(
+        self,
+        block_tokens: int,
+        chunk_chars: int,
+        max_prompt_chars: int,
+        max_prompt_tokens: int,
+        tokenizer: PromptTokenizer | None = None,
+        prefix_cache_entries: int = 4096,
+    ) -> None:
+        self.block_tokens = block_tokens
+        self.chunk_chars = chunk_chars
+        self.max_prompt_chars = max_prompt_chars
+        self.max_prompt_tokens = max_prompt_tokens
+        self.tokenizer = tokenizer
+        self.prefix_cache = PrefixTokenCache(prefix_cache_entries)
+
+    @property
+    def is_exact(self) -> bool:
+        return self.tokenizer is not None
+
+    def chat(self, body: Mapping[str, Any], seed: int) -> Prompt:
+        messages = chat_messages(body)
+        size = sum(len(m["content"]) for m in messages)
+        self._check_chars(size, "messages")
+        tok = self.tokenizer
+        if tok is None:
+            text = "".join(f"\x00{m['role']}\x00{m['content']}" for m in messages)
+            return self._text(text, seed)
+        return self._tokens(self.prefix_cache.tokenize(tok, messages), seed, "messages")
+
+    def completion(self, body: Mapping[str, Any], seed: int) -> Prompt:
+        prompt = completion_prompt(body)
+        if isinstance(prompt, list):
+            return self._tokens(prompt, seed, "prompt")
+        self._check_chars(len(prompt), "prompt")
+        tok = self.tokenizer
+        if tok is None:
+            return self._text(prompt, seed)
+        return self._tokens(tok.encode(prompt), seed, "prompt")
+
+    def _check_chars(self, size: int, param: str) -> None:
+        if size > self.max_prompt_chars:
+            raise ApiError(
+                TOO_LARGE, f"prompt of {size} characters (limit {self.max_prompt_chars})", param
+            )
+
+    def _text(self, text: str, seed: int) -> Prompt:
+        """Each full chunk's hash is xxh3 of its bytes seeded by its parent's hash: chained
+        like the engines' blocks, about 0.3 us a chunk (numpy's per-call overhead would cost
+        more than the hashing at these sizes)."""
+        raw = text.encode()
+        step = self.chunk_chars
+        out = array("Q")
+        h = seed
+        for i in range(0, len(raw) - step + 1, step):
+            h = xxh3_64_intdigest(raw[i : i + step], h)
+            out.append(h)
+        tokens = max(len(raw) // CHARS_PER_TOKEN, 1)
+        return Prompt(BlockHashes(out.tobytes()), tokens)
+
+    def _tokens(self, ids: Sequence[int], seed: int, param: str) -> Prompt:
+        if len(ids) > self.max_prompt_tokens:
+            raise ApiError(
+                TOO_LARGE, f"prompt of {len(ids)} tokens (limit {self.max_prompt_tokens})", param
+            )
+        arr = np.asarray(ids, dtype=np.int64)
+        return Prompt(hash_tokens(arr, self.block_tokens, seed), len(ids))
+
+
+class PrefixTokenCache:
+    """Token ids of conversation prefixes already rendered, so turn N of a conversation
+    tokenizes only what turn N-1 did not have.
+
+    Chat templates close every message with a special token (``<|im_end|>``, ``<|eot_id|>``),
+    and tokenizers never merge across special tokens, so the ids of the rendered messages
+    1..k are a prefix of the ids of 1..N whenever their text is a prefix of its text. The
+    cache keys each prefix by its messages; a hit is used only when that text condition holds
+    (checked), else the whole prompt is tokenized. LRU over ``max_entries`` prefixes.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, list[int]]] = (
+            OrderedDict()
+        )
+        self._suffixes: dict[int, tuple[str, list[int]] | None] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def _generation_suffix(self, tok: PromptTokenizer) -> tuple[str, list[int]] | None:
+        """The text ``add_generation_prompt`` appends and its ids, when the template just
+        appends it and the tokenizer splits there (checked once per tokenizer on a probe): one
+        render per request then gives both the prompt and the conversation without it, and
+        the suffix is never tokenized again (a tokenizer call costs ~100 us even for a few
+        tokens)."""
+        key = id(tok)
+        if key not in self._suffixes:
+            probe = [{"role": "user", "content": "probe"}]
+            conv = tok.apply_chat_template(probe, add_generation_prompt=False)
+            full = tok.apply_chat_template(probe, add_generation_prompt=True)
+            suffix: tuple[str, list[int]] | None = None
+            if full.startswith(conv) and len(full) > len(conv):
+                tail = full[len(conv) :]
+                tail_ids = tok.encode(tail, add_special_tokens=False)
+                split = tok.encode(conv, add_special_tokens=False) + tail_ids
+                if split == tok.encode(full, add_special_tokens=False):
+                    suffix = (tail, tail_ids)
+            self._suffixes[key] = suffix
+        return self._suffixes[key]
+
+    def tokenize(self, tok: PromptTokenizer, messages: list[dict[str, str]]) -> list[int]:
+        full = tok.apply_chat_template(messages, add_generation_prompt=True)
+        key = tuple((m["role"], m["content"]) for m in messages)
+        suffix = self._generation_suffix(tok)
+        if suffix is not None and full.endswith(suffix[0]):
+            conv = full[: len(full) - len(suffix[0])]
+            return self._conversation_ids(tok, key, conv, messages) + suffix[1]
+        conv = tok.apply_chat_template(messages, add_generation_prompt=False)
+        if not full.startswith(conv):  # a template that rewrites history at the end
+            return tok.encode(full, add_special_tokens=False)
+        ids = self._conversation_ids(tok, key, conv, messages)
+        return ids + tok.encode(full[len(conv) :], add_special_tokens=False)
+
+    def _conversation_ids(
+        self,
+        tok: PromptTokenizer,
+        key: tuple[tuple[str, str], ...],
+        conv: str,
+        messages: list[dict[str, str]],
+    ) -> list[int]:
+        found = self._entries.get(key)
+        if found is not None and found[0] == conv:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return found[1]
+        ids: list[int] | None = None
+        for k in range(len(key) - 1, 0, -1):
+            prior = self._entries.get(key[:k])
+            if prior is None:
+                continue
+            text, prefix_ids = prior
+            if conv.startswith(text):
+                self._entries.move_to_end(key[:k])
+                self.hits += 1
+                ids = prefix_ids + tok.encode(conv[len(text) :], add_special_tokens=False)
+            break
+        if ids is None:
+            self.misses += 1
+            ids = self._first_message_apart(tok, key, conv, messages)
+        self._store(key, conv, ids)
+        return ids
+
+    def _first_message_apart(
+        self,
+        tok: PromptTokenizer,
+        key: tuple[tuple[str, str], ...],
+        conv: str,
+        messages: list[dict[str, str]],
+    ) -> list[int]:
+        """A miss: the first message (a system prompt, usually shared by many
+        conversations) is tokenized and stored on its own, then the rest."""
+        if len(messages) > 1:
+            first = tok.apply_chat_template(messages[:1], add_generation_prompt=False)
+            if conv.startswith(first):
+                first_ids = tok.encode(first, add_special_tokens=False)
+                self._store(key[:1], first, first_ids)
+                return first_ids + tok.encode(conv[len(first) :], add_special_tokens=False)
+        return tok.encode(conv, add_special_tokens=False)
+
+    def _store(self, key: tuple[tuple[str, str], ...], text: str, ids: list[int]) -> None:
+        self._entries[key] = (text, ids)
+        self._entries.move_to_end(key)
+        if len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)

@@ -1,0 +1,215 @@
+"""Forwarding one request to an engine: route, send, pass the answer through.
+
+A failure before the first byte (connect error, timeout, 5xx) books a failure against the
+replica and retries once on another one; after the first byte nothing is retried: the client
+gets one SSE error event and the end of the stream. Streams are written chunk by chunk as the
+engine sends them. A client that disconnects cancels the handler (aiohttp's
+``handler_cancellation``), which closes the upstream connection, which aborts the engine's
+request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
+from kvtide.gateway.metrics import GatewayMetrics
+from kvtide.gateway.replicas import Replica, ReplicaSet
+from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
+from kvtide.routing import RouteDecision, RouteRequest
+from kvtide.routing.router import Router
+
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_JSON = {"Content-Type": "application/json"}
+_PASSED_HEADERS = ("Content-Type", "Cache-Control")
+
+
+class _Failed(Exception):
+    """An attempt failed before its first byte: retry elsewhere."""
+
+    def __init__(self, kind: str, error: Exception) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.error = error
+
+
+class _Booking:
+    """Whether the request's prefill was reported to the router (then it completes, else
+    it is cancelled)."""
+
+    __slots__ = ("prefilled",)
+
+    def __init__(self) -> None:
+        self.prefilled = False
+
+
+class Proxy:
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        router: Router,
+        session: aiohttp.ClientSession,
+        metrics: GatewayMetrics,
+        now_s: Callable[[], float],
+        on_dispatch: Callable[[RouteRequest, RouteDecision], None] | None = None,
+    ) -> None:
+        self.replicas = replicas
+        self.router = router
+        self.session = session
+        self.metrics = metrics
+        self.now_s = now_s
+        self.on_dispatch = on_dispatch
+
+    async def forward(
+        self,
+        request: web.Request,
+        path: str,
+        payload: bytes,
+        route: RouteRequest,
+        model: str,
+        stream: bool,
+        arrival_s: float,
+    ) -> web.StreamResponse:
+        tried = None
+        last: _Failed | None = None
+        for attempt in range(2):
+            cands = self.replicas.candidates(model, exclude=tried)
+            if not cands:
+                break
+            decision = self.router.route(route, [c.state for c in cands])
+            replica = self.replicas.by_id[decision.replica]
+            self.metrics.child(self.metrics.decisions, replica.replica_id, decision.reason).inc()
+            if decision.cached_tokens:
+                self.metrics.predicted_cached.inc(decision.cached_tokens)
+            if self.on_dispatch is not None:
+                self.on_dispatch(route, decision)
+            try:
+                resp = await self._attempt(
+                    request, replica, path, payload, route, decision, stream, arrival_s
+                )
+                self.metrics.duration.observe(self.now_s() - arrival_s)
+                return resp
+            except _Failed as failed:
+                last = failed
+                tried = replica.replica_id
+                self.metrics.upstream_errors.labels(replica.replica_id, failed.kind).inc()
+                if replica.failed(self.now_s()):
+                    self.metrics.healthy.labels(replica.replica_id).set(0)
+                if attempt == 0:
+                    self.metrics.retries.inc()
+        if last is None:
+            raise NoHealthyReplica(f"no healthy replica serves model {model!r}")
+        if last.kind == "timeout":
+            raise UpstreamTimeout(f"engine timed out: {last.error}") from last.error
+        raise UpstreamUnavailable(f"engine failed: {last.error}") from last.error
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        replica: Replica,
+        path: str,
+        payload: bytes,
+        route: RouteRequest,
+        decision: RouteDecision,
+        stream: bool,
+        arrival_s: float,
+    ) -> web.StreamResponse:
+        replica.in_flight += 1
+        gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
+        gauge.inc()
+        booking = _Booking()
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                resp = await self.session.post(replica.url + path, data=payload, headers=_JSON)
+            except TimeoutError as exc:
+                raise _Failed("timeout", exc) from exc
+            except aiohttp.ClientError as exc:
+                raise _Failed("connect", exc) from exc
+            if resp.status >= 500:
+                text = await _read_error(resp)
+                raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
+            headers = {h: resp.headers[h] for h in _PASSED_HEADERS if h in resp.headers}
+            if not stream or resp.status != 200:
+                try:
+                    body = await resp.read()
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    raise _Failed("read", exc) from exc
+                self.router.prefill_done(route, decision, _cached_tokens(body))
+                booking.prefilled = True
+                replica.succeeded()
+                self.metrics.first_byte.observe(self.now_s() - arrival_s)
+                return web.Response(body=body, status=resp.status, headers=headers)
+            return await self._stream(
+                request, replica, resp, headers, route, decision, booking, arrival_s
+            )
+        finally:
+            replica.in_flight -= 1
+            gauge.dec()
+            if resp is not None:
+                resp.close()  # mid-stream (cancelled, failed): the engine sees it go away
+            if booking.prefilled:
+                self.router.complete(route, decision, 0)
+            else:
+                self.router.cancel(route, decision)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        replica: Replica,
+        resp: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        route: RouteRequest,
+        decision: RouteDecision,
+        booking: _Booking,
+        arrival_s: float,
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(status=200, headers=headers)
+        first = True
+        try:
+            async for chunk in resp.content.iter_any():
+                if first:
+                    await out.prepare(request)
+                    self.router.prefill_done(route, decision)
+                    booking.prefilled = True
+                    first = False
+                    self.metrics.first_byte.observe(self.now_s() - arrival_s)
+                await out.write(chunk)
+                if b"cached_tokens" in chunk:
+                    cached = _cached_tokens(chunk)
+                    if cached is not None:
+                        self.router.health.report(decision.replica, decision.cached_tokens, cached)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            if first:
+                raise _Failed("read", exc) from exc
+            replica.failed(self.now_s())
+            self.metrics.upstream_errors.labels(replica.replica_id, "mid_stream").inc()
+            err = ApiError(BAD_GATEWAY, f"engine {replica.replica_id} failed mid-stream: {exc}")
+            await out.write(sse_error_event(err))
+            await out.write_eof()
+            return out
+        except asyncio.CancelledError:
+            self.metrics.client_disconnects.inc()
+            raise
+        if first:  # an empty 200 stream: pass it on as such
+            await out.prepare(request)
+        replica.succeeded()
+        await out.write_eof()
+        return out
+
+
+async def _read_error(resp: aiohttp.ClientResponse) -> str:
+    try:
+        return (await resp.content.read(2048)).decode(errors="replace")
+    except (TimeoutError, aiohttp.ClientError):
+        return ""
+
+
+def _cached_tokens(body: bytes) -> int | None:
+    m = _CACHED.search(body)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,147 @@
+"""The engines behind the gateway: routing state, health, ejection and slow start.
+
+A replica is routable when it is up (not ejected), not draining, serves the request's model
+and, while in slow start after an ejection, has fewer requests in flight than its allowance
+(which doubles per success: gradual re-admission, as Envoy's slow start does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kvtide.clock import Clock
+from kvtide.gateway.config import Failover, ReplicaSpec
+from kvtide.routing import ReplicaState
+from kvtide.types import ReplicaId
+
+
+class Replica:
+    __slots__ = (
+        "allowance",
+        "consecutive_failures",
+        "draining",
+        "eject_s",
+        "ejected_until_s",
+        "failover",
+        "in_flight",
+        "is_down",
+        "models",
+        "others",
+        "others_scraped",
+        "others_shared",
+        "scraped",
+        "spec",
+        "state",
+    )
+
+    def __init__(self, spec: ReplicaSpec, failover: Failover, block_tokens: int) -> None:
+        self.spec = spec
+        self.failover = failover
+        self.state = ReplicaState(spec.replica_id, block_tokens=block_tokens)
+        self.models: frozenset[str] = frozenset([spec.model] if spec.model else [])
+        self.in_flight = 0
+        self.consecutive_failures = 0
+        self.is_down = False
+        self.ejected_until_s = 0.0
+        self.eject_s = failover.eject_s
+        self.allowance: int | None = None  # None: no slow-start cap
+        self.draining = False
+        self.scraped: dict[str, float] = {}
+        self.others = 0  # requests from other gateways counted in state.num_requests
+        self.others_scraped = 0
+        self.others_shared = 0
+
+    @property
+    def replica_id(self) -> ReplicaId:
+        return self.state.replica_id
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def count_others(self, *, scraped: int | None = None, shared: int | None = None) -> None:
+        """Requests other gateways sent here, from the engine's metrics or the shared load
+        counters (the larger wins), kept inside ``state.num_requests`` on top of ours."""
+        if scraped is not None:
+            self.others_scraped = scraped
+        if shared is not None:
+            self.others_shared = shared
+        others = max(self.others_scraped, self.others_shared)
+        state = self.state
+        state.num_requests = max(state.num_requests + others - self.others, 0)
+        self.others = others
+
+    def can_take(self) -> bool:
+        if self.is_down or self.draining:
+            return False
+        return self.allowance is None or self.in_flight < self.allowance
+
+    def succeeded(self) -> None:
+        self.consecutive_failures = 0
+        if self.allowance is not None:
+            self.allowance *= 2
+            if self.allowance >= 64:
+                self.allowance = None
+                self.eject_s = self.failover.eject_s
+
+    def failed(self, now_s: float) -> bool:
+        """Counts a failure; returns True when it ejects the replica."""
+        self.consecutive_failures += 1
+        if self.is_down or self.consecutive_failures < self.failover.eject_after:
+            return False
+        self.eject(now_s)
+        return True
+
+    def eject(self, now_s: float) -> None:
+        self.is_down = True
+        self.state.healthy = False
+        self.ejected_until_s = now_s + self.eject_s
+        self.eject_s = min(self.eject_s * 2, self.failover.max_eject_s)
+
+    def readmit(self) -> None:
+        """Back after an ejection, in slow start."""
+        self.is_down = False
+        self.state.healthy = not self.draining
+        self.consecutive_failures = 0
+        self.allowance = self.failover.slow_start_requests
+
+
+class ReplicaSet:
+    def __init__(self, failover: Failover, block_tokens: int, clock: Clock) -> None:
+        self.failover = failover
+        self.block_tokens = block_tokens
+        self.clock = clock
+        self.by_id: dict[ReplicaId, Replica] = {}
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(list(self.by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def add(self, spec: ReplicaSpec) -> Replica:
+        replica = Replica(spec, self.failover, self.block_tokens)
+        self.by_id[replica.replica_id] = replica
+        return replica
+
+    def get(self, replica_id: str) -> Replica | None:
+        return self.by_id.get(ReplicaId(replica_id))
+
+    def remove(self, replica_id: ReplicaId) -> Replica | None:
+        return self.by_id.pop(replica_id, None)
+
+    def models(self) -> list[str]:
+        out: set[str] = set()
+        for r in self.by_id.values():
+            out |= r.models
+        return sorted(out)
+
+    def candidates(self, model: str, exclude: ReplicaId | None = None) -> list[Replica]:
+        return [
+            r
+            for r in self.by_id.values()
+            if model in r.models and r.can_take() and r.replica_id != exclude
+        ]
+
+    def serves(self, model: str) -> bool:
+        return any(model in r.models for r in self.by_id.values())

@@ -1,0 +1,131 @@
+"""``--state redis://``: gateway replicas share the index and their load through Redis.
+
+Every gateway still subscribes to every engine's events and keeps its own index (the fallback,
+always warm); one of them, the holder of a short Redis lease per engine, also writes that
+engine's events into the shared index (``state.redis_store``, pipelined, hash-tagged keys), so
+each engine has one intake. Routing asks Redis for the prefix match with a short timeout and
+hands it to the policy in ``RouteRequest.prefix_match``. Each gateway publishes its requests in
+flight per engine, and counts the others' in the engine's load.
+
+When Redis does not answer the gateway is degraded: it routes on its local index, says so in
+``/ready`` and ``kvtide_gateway_state_degraded``, and when Redis answers again every engine it
+holds the lease of is resynced (its events replayed from the engine's buffer into both indexes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+
+import redis.asyncio
+
+from kvtide.core.events import AllBlocksCleared, KVEvent
+from kvtide.errors import StateStoreError
+from kvtide.routing.index import PrefixMatch
+from kvtide.state.redis_store import AsyncRedisIndexStore
+from kvtide.types import BlockHash, ReplicaId
+
+log = logging.getLogger("kvtide.gateway")
+
+LEASE_S = 5.0
+"""An intake lease lasts this long; its holder renews it every maintenance round (1 s)."""
+
+
+class SharedState:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        timeout_s: float = 0.25,
+        on_resync: Callable[[ReplicaId], None] = lambda replica: None,
+    ) -> None:
+        self.client = redis.asyncio.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self.store = AsyncRedisIndexStore(self.client, prefix=prefix)
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.gateway_id = uuid.uuid4().hex[:12]
+        self.on_resync = on_resync
+        self.degraded = False
+        self.owned: set[ReplicaId] = set()
+        self.others_in_flight: dict[ReplicaId, int] = {}
+        self.num_errors = 0
+
+    def _failed(self, exc: BaseException) -> None:
+        self.num_errors += 1
+        if not self.degraded:
+            log.warning("state store unreachable, routing on the local index: %s", exc)
+        self.degraded = True
+
+    async def match(self, hashes: Sequence[BlockHash]) -> PrefixMatch | None:
+        """The shared index's answer, or None (degraded: the policy reads the local one)."""
+        if self.degraded or not hashes:
+            return None
+        try:
+            return await asyncio.wait_for(self.store.match(hashes), self.timeout_s)
+        except (StateStoreError, TimeoutError, OSError) as exc:
+            self._failed(exc)
+            return None
+
+    async def write(self, replica: ReplicaId, ops: Iterable[tuple[str, list[KVEvent]]]) -> None:
+        """An intake's committed operations, when this gateway holds that engine's lease."""
+        if replica not in self.owned or self.degraded:
+            return
+        events: list[KVEvent] = []
+        for kind, batch in ops:
+            events.extend([AllBlocksCleared()] if kind == "clear" else batch)
+        try:
+            await asyncio.wait_for(self.store.apply_all(replica, events), 4 * self.timeout_s)
+        except (StateStoreError, TimeoutError, OSError) as exc:
+            self._failed(exc)
+
+    async def maintain(self, in_flight: dict[ReplicaId, int]) -> None:
+        """One round: health, leases, load counters; a recovery resyncs the leased engines."""
+        try:
+            await asyncio.wait_for(self._round(in_flight), 4 * self.timeout_s)
+        except (redis.RedisError, StateStoreError, TimeoutError, OSError) as exc:
+            self._failed(exc)
+            return
+        if self.degraded:
+            log.warning("state store back: resyncing %d engines", len(self.owned))
+            self.degraded = False
+            for replica in self.owned:
+                self.on_resync(replica)
+
+    async def _round(self, in_flight: dict[ReplicaId, int]) -> None:
+        p, me = self.prefix, self.gateway_id
+        lease_ms = int(LEASE_S * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for replica, n in in_flight.items():
+            pipe.set(f"{p}:intake:{{{replica}}}", me, nx=True, px=lease_ms)
+            pipe.get(f"{p}:intake:{{{replica}}}")
+            pipe.hset(f"{p}:load:{{{replica}}}", me, n)
+            pipe.pexpire(f"{p}:load:{{{replica}}}", lease_ms)
+            pipe.hgetall(f"{p}:load:{{{replica}}}")
+        res = await pipe.execute()
+        renew = self.client.pipeline(transaction=False)
+        newly: list[ReplicaId] = []
+        for i, replica in enumerate(in_flight):
+            _, owner, _, _, loads = res[5 * i : 5 * i + 5]
+            owner = owner.decode() if isinstance(owner, bytes) else owner
+            if owner == me:
+                renew.pexpire(f"{p}:intake:{{{replica}}}", lease_ms)
+                if replica not in self.owned:
+                    newly.append(replica)
+                self.owned.add(replica)
+            else:
+                self.owned.discard(replica)
+            self.others_in_flight[replica] = sum(
+                int(v)
+                for k, v in loads.items()
+                if (k.decode() if isinstance(k, bytes) else k) != me
+            )
+        await renew.execute()
+        for replica in newly:  # a new holder writes the engine's state from the start
+            self.on_resync(replica)
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,194 @@
+"""A tiny vLLM-shaped OpenAI server for the gateway's tests: a real aiohttp server on a real
+socket, run as its own process (so a test can kill -9 it).
+
+It answers /v1/models, /health, /metrics (vLLM's gauge names), /v1/completions and
+/v1/chat/completions (streamed or not), and reports ``prompt_tokens_details.cached_tokens`` as
+vLLM would with prefix caching: the longest prefix, in whole 16-character blocks, shared with
+an earlier prompt under the same ``cache_salt``. Not a fake of an engine's timing: the
+emulated engine (``kvtide engine``) is that. Modes (``--mode``): ok, fail500 (every
+completion is a 500), stall (never answers). /stats shows what it saw, including aborts.
+
+    python backend.py --port 8101 --model m [--tokens 8] [--token-delay 0.01] [--mode ok]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+from aiohttp import web
+
+BLOCK = 16
+
+
+class Backend:
+    def __init__(self, model: str, tokens: int, delay_s: float, mode: str) -> None:
+        self.model = model
+        self.tokens = tokens
+        self.delay_s = delay_s
+        self.mode = mode
+        self.prompts: dict[str | None, list[str]] = {}
+        self.stats = {"requests": 0, "aborted": 0, "running": 0, "salts": [], "bodies": []}
+
+    def cached(self, salt: str | None, text: str) -> int:
+        best = 0
+        for old in self.prompts.get(salt, []):
+            n = 0
+            limit = min(len(old), len(text))
+            while n < limit and old[n] == text[n]:
+                n += 1
+            best = max(best, n // BLOCK * BLOCK)
+        self.prompts.setdefault(salt, []).append(text)
+        return best // 4  # "tokens": 4 characters each
+
+
+def prompt_text(body: dict) -> str:
+    if "messages" in body:
+        return "".join(f"{m['role']}:{m.get('content') or ''}\n" for m in body["messages"])
+    p = body.get("prompt", "")
+    return p if isinstance(p, str) else " ".join(map(str, p))
+
+
+def build(b: Backend) -> web.Application:
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": b.model, "object": "model"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = (
+            f'vllm:num_requests_running{{model_name="{b.model}"}} {b.stats["running"]}\n'
+            f'vllm:num_requests_waiting{{model_name="{b.model}"}} 0\n'
+            f'vllm:kv_cache_usage_perc{{model_name="{b.model}"}} 0.25\n'
+        )
+        return web.Response(text=text)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response(b.stats)
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        b.stats["requests"] += 1
+        b.stats["salts"].append(body.get("cache_salt"))
+        b.stats["bodies"].append({k: v for k, v in body.items() if k not in ("messages", "prompt")})
+        if b.mode == "fail500":
+            return web.json_response({"error": {"message": "boom", "type": "x"}}, status=500)
+        if b.mode == "stall":
+            await asyncio.sleep(3600)
+        if body.get("model") != b.model:
+            err = {"message": "no such model", "type": "NotFoundError", "param": None, "code": 404}
+            return web.json_response({"error": err}, status=404)
+        is_chat = request.path.endswith("chat/completions")
+        text = prompt_text(body)
+        prompt_tokens = max(len(text) // 4, 1)
+        cached = b.cached(body.get("cache_salt"), text)
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or b.tokens)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        kind = "chat.completion" if is_chat else "text_completion"
+        created = int(time.time())
+        b.stats["running"] += 1
+        try:
+            if not body.get("stream"):
+                await asyncio.sleep(b.delay_s * n)
+                if is_chat:
+                    choice = {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "tok " * n},
+                        "finish_reason": "length",
+                    }
+                else:
+                    choice = {"index": 0, "text": "tok " * n, "finish_reason": "length"}
+                return web.json_response(
+                    {
+                        "id": "cmpl-1",
+                        "object": kind,
+                        "created": created,
+                        "model": b.model,
+                        "choices": [choice],
+                        "usage": usage,
+                    }
+                )
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            include_usage = (body.get("stream_options") or {}).get("include_usage")
+            for i in range(n):
+                await asyncio.sleep(b.delay_s)
+                last = i == n - 1
+                if is_chat:
+                    choice = {
+                        "index": 0,
+                        "delta": {"content": "tok "},
+                        "finish_reason": "length" if last else None,
+                    }
+                else:
+                    choice = {
+                        "index": 0,
+                        "text": "tok ",
+                        "finish_reason": "length" if last else None,
+                    }
+                chunk = {
+                    "id": "cmpl-1",
+                    "object": kind + ".chunk" if is_chat else kind,
+                    "created": created,
+                    "model": b.model,
+                    "choices": [choice],
+                }
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if include_usage:
+                chunk = {
+                    "id": "cmpl-1",
+                    "object": kind + ".chunk" if is_chat else kind,
+                    "created": created,
+                    "model": b.model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        except asyncio.CancelledError:
+            b.stats["aborted"] += 1
+            raise
+        finally:
+            b.stats["running"] -= 1
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_post("/v1/chat/completions", complete)
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="m")
+    p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--token-delay", type=float, default=0.0)
+    p.add_argument("--mode", default="ok", choices=("ok", "fail500", "stall"))
+    args = p.parse_args()
+    app = build(Backend(args.model, args.tokens, args.token_delay, args.mode))
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

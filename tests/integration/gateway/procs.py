@@ -1,0 +1,108 @@
+"""Processes for the gateway's tests: free loopback ports, start and wait, stop by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from engine_process import Engine, start_engine
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[2] / "src"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def wait_http(
+    url: str, timeout_s: float = 15.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"process exited ({proc.returncode}): {err[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status < 500:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not come up within {timeout_s} s")
+
+
+class Proc:
+    def __init__(self, args: list[str], ready_url: str) -> None:
+        self.args = args
+        self.ready_url = ready_url
+        self.proc = subprocess.Popen(
+            args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        wait_http(ready_url, proc=self.proc)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout_s)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        return self.proc.returncode
+
+
+def backend(port: int, model: str = "m", *extra: str) -> Proc:
+    args = [sys.executable, str(HERE / "backend.py"), "--port", str(port), "--model", model]
+    return Proc([*args, *extra], f"http://127.0.0.1:{port}/health")
+
+
+def emulated_engines(n: int) -> list[Engine]:
+    """``n`` `kvtide engine` processes (20x the modelled GPU's speed) serving model ``emu``,
+    each with vLLM-format KV events and a replay socket."""
+    out = []
+    for _ in range(n):
+        out.append(
+            start_engine(
+                "--speedup",
+                "20",
+                "--served-model-name",
+                "emu",
+                "--kv-events-port",
+                str(free_port()),
+                "--kv-events-replay-port",
+                str(free_port()),
+            )
+        )
+    return out
+
+
+def gateway(port: int, *extra: str) -> Proc:
+    args = [sys.executable, "-m", "kvtide", "serve", "--port", str(port), *extra]
+    return Proc(args, f"http://127.0.0.1:{port}/health")

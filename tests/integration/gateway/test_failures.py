@@ -1,0 +1,218 @@
+"""Failures through `kvtide serve`, bounded, on loopback: retry before the first byte, kill -9
+of an engine mid-run, client disconnects, SIGTERM drain; the admin API; SIGHUP reload; limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+from tests.integration.gateway.conftest import KEYS, write_keys
+from tests.integration.gateway.procs import backend, free_port, gateway
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _stats(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
+        return json.load(resp)
+
+
+def _get(url: str, key: str | None = None, method: str = "GET", body: dict | None = None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_a_failing_replica_is_retried_elsewhere_then_ejected() -> None:
+    bad_port, good_port, port = free_port(), free_port(), free_port()
+    bad = backend(bad_port, "m", "--mode", "fail500")
+    good = backend(good_port)
+    gw = gateway(
+        port,
+        "--replica",
+        f"http://127.0.0.1:{bad_port}",
+        "--replica",
+        f"http://127.0.0.1:{good_port}",
+        "--policy",
+        "round_robin",
+    )
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        for i in range(12):
+            r = c.completions.create(model="m", prompt=f"p{i}", max_tokens=2)
+            assert r.choices[0].text == "tok tok "
+        # three consecutive failures eject it; nothing more is sent there meanwhile
+        assert _stats(bad_port)["requests"] == 3
+        assert _stats(good_port)["requests"] == 12
+        status, ready = _get(f"http://127.0.0.1:{port}/ready")
+        assert status == 200
+        assert [r["up"] for r in ready["replicas"]] == [False, True]
+    finally:
+        gw.stop()
+        bad.stop()
+        good.stop()
+
+
+def test_kill_9_of_an_engine_mid_run_leaves_no_request_hung() -> None:
+    ports = [free_port(), free_port()]
+    backs = [backend(p, "m", "--token-delay", "0.02", "--tokens", "25") for p in ports]
+    port = free_port()
+    gw = gateway(port, *[a for p in ports for a in ("--replica", f"http://127.0.0.1:{p}")])
+
+    async def one(c: openai.AsyncOpenAI, i: int) -> str:
+        try:
+            stream = await c.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": f"question {i} " * 20}],
+                stream=True,
+            )
+            text = ""
+            async for chunk in stream:
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+            return "ok" if text == "tok " * 25 else f"short:{len(text)}"
+        except openai.APIError as exc:
+            return f"error:{type(exc).__name__}"
+
+    async def run() -> list[str]:
+        c = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=20
+        )
+        tasks = [asyncio.create_task(one(c, i)) for i in range(24)]
+        await asyncio.sleep(0.2)
+        backs[0].signal(signal.SIGKILL)
+        done = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)  # none hangs
+        after = await asyncio.wait_for(
+            asyncio.gather(*(one(c, 100 + i) for i in range(8))), timeout=30
+        )
+        await c.close()
+        return done + after
+
+    try:
+        results = asyncio.run(run())
+        first, after = results[:24], results[24:]
+        # a request on the killed engine ends with a clean error event; the others finish
+        assert all(r == "ok" or r.startswith("error:") for r in first), first
+        assert "ok" in first
+        assert after == ["ok"] * 8  # refused connections go to the survivor, then ejection
+    finally:
+        gw.stop()
+        for b in backs:
+            b.stop()
+
+
+def test_a_client_disconnect_cancels_the_upstream_request() -> None:
+    bport, port = free_port(), free_port()
+    slow = backend(bport, "m", "--token-delay", "0.1", "--tokens", "40")
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}")
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        stream = c.completions.create(model="m", prompt="go", stream=True)
+        next(iter(stream))
+        stream.close()
+        deadline = time.monotonic() + 5
+        while _stats(bport)["aborted"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stats(bport)["aborted"] == 1
+        assert _stats(bport)["running"] == 0
+    finally:
+        gw.stop()
+        slow.stop()
+
+
+def test_sigterm_drains_in_flight_streams_and_refuses_new_ones() -> None:
+    bport, port = free_port(), free_port()
+    slow = backend(bport, "m", "--token-delay", "0.05", "--tokens", "30")
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}")
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        stream = c.completions.create(model="m", prompt="go", stream=True)
+        it = iter(stream)
+        text = next(it).choices[0].text
+        gw.signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with pytest.raises(openai.APIConnectionError):
+            c.completions.create(model="m", prompt="late", max_tokens=1)
+        text += "".join(ch.choices[0].text for ch in it)
+        assert text == "tok " * 30
+        assert gw.proc.wait(10) == 0
+    finally:
+        gw.stop()
+        slow.stop()
+
+
+def test_admin_api_adds_drains_and_removes_replicas() -> None:
+    p1, p2, port = free_port(), free_port(), free_port()
+    b1, b2 = backend(p1), backend(p2)
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{p1}", "--admin-key", "adm")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert _get(f"{base}/admin/replicas")[0] == 403
+        assert _get(f"{base}/admin/replicas", "wrong")[0] == 403
+        status, added = _get(
+            f"{base}/admin/replicas", "adm", "POST", {"url": f"http://127.0.0.1:{p2}"}
+        )
+        assert status == 201 and added["id"] == f"127.0.0.1:{p2}"
+        time.sleep(0.3)  # its models are discovered
+        status, listed = _get(f"{base}/admin/replicas", "adm")
+        assert [r["models"] for r in listed] == [["m"], ["m"]]
+        first = f"127.0.0.1:{p1}"
+        assert _get(f"{base}/admin/replicas/{first}/drain", "adm", "POST", {})[0] == 200
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        before = _stats(p1)["requests"]
+        for i in range(4):
+            c.completions.create(model="m", prompt=f"x{i}", max_tokens=1)
+        assert _stats(p1)["requests"] == before  # drained: no new work
+        assert _get(f"{base}/admin/replicas/{first}", "adm", "DELETE")[0] == 200
+        assert _get(f"{base}/admin/replicas/{first}", "adm", "DELETE")[0] == 404
+        assert [r["id"] for r in _get(f"{base}/admin/replicas", "adm")[1]] == [added["id"]]
+    finally:
+        gw.stop()
+        b1.stop()
+        b2.stop()
+
+
+def test_sighup_reloads_the_keys_file_and_limits_answer_429(tmp_path: Path) -> None:
+    bport, port = free_port(), free_port()
+    slow = backend(bport, "m", "--token-delay", "0.05", "--tokens", "20")
+    keys = write_keys(tmp_path / "keys.yaml", {"alpha": KEYS["alpha"]}, max_concurrency=1)
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--api-keys", str(keys))
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        beta = openai.OpenAI(base_url=base, api_key=KEYS["beta"], max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            beta.completions.create(model="m", prompt="x", max_tokens=1)
+        write_keys(keys, {"alpha": KEYS["alpha"], "beta": KEYS["beta"]}, tokens_per_minute=600)
+        gw.signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert beta.completions.create(model="m", prompt="x", max_tokens=1).choices
+        # 600 tokens a minute: a request of ~500 tokens now leaves too little for the next
+        beta.completions.create(model="m", prompt="y" * 1600, max_tokens=80)
+        with pytest.raises(openai.RateLimitError) as limited:
+            beta.completions.create(model="m", prompt="z" * 1600, max_tokens=80)
+        assert int(limited.value.response.headers["Retry-After"]) >= 1
+        # concurrency: write a file with alpha at one request in flight
+        write_keys(keys, {"alpha": KEYS["alpha"]}, max_concurrency=1)
+        gw.signal(signal.SIGHUP)
+        time.sleep(0.5)
+        alpha = openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0)
+        stream = alpha.completions.create(model="m", prompt="long", stream=True)
+        next(iter(stream))
+        with pytest.raises(openai.RateLimitError):
+            alpha.completions.create(model="m", prompt="second", max_tokens=1)
+        stream.close()
+    finally:
+        gw.stop()
+        slow.stop()

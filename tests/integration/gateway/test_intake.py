@@ -1,0 +1,115 @@
+"""The gateway's KV-event intake over real ZMQ: events translated by token ids land in the
+index in the gateway's namespace (model + cache_salt), a lost batch is replayed, and a publisher
+restart (numbering from 0 again) is a new epoch that clears the replica's old blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import zmq
+
+from kvtide.core.hashing import hash_tokens
+from kvtide.gateway.intake import EventIntake
+from kvtide.routing.identity import namespace_seed
+from kvtide.routing.index import GlobalPrefixIndex
+from kvtide.state.kv_events import KvEventPublisher
+from kvtide.state.kv_wire import EngineBlockStored, EngineEventBatch
+from kvtide.types import ReplicaId
+
+R = ReplicaId("e0")
+BT = 16
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stored(tokens: np.ndarray, salt: str | None, parent: int | None = None) -> EngineBlockStored:
+    n = len(tokens) // BT
+    return EngineBlockStored(
+        block_hashes=tuple(range(1000 + int(tokens[0]), 1000 + int(tokens[0]) + n)),
+        parent_block_hash=parent,
+        token_ids=tuple(int(t) for t in tokens),
+        block_size=BT,
+        cache_salt=salt,
+    )
+
+
+def _seed(salt: str | None) -> int:
+    return namespace_seed("emu", (salt or "").encode())
+
+
+async def _until(cond, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def _bind_again(endpoint: str, replay: str) -> KvEventPublisher:
+    """A publisher on the sockets just closed: ZMQ releases a port asynchronously."""
+    for _ in range(100):
+        try:
+            return KvEventPublisher(endpoint, replay)
+        except zmq.ZMQError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{endpoint} stayed in use")
+
+
+def test_events_land_in_the_namespace_and_a_restart_is_a_new_epoch() -> None:
+    pub_port, replay_port = _port(), _port()
+    endpoint, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
+    tokens = np.arange(64, dtype=np.int64)
+    salted = hash_tokens(tokens, BT, _seed("tenant-salt"))
+    plain = hash_tokens(tokens, BT, _seed(None))
+
+    async def scenario() -> None:
+        index = GlobalPrefixIndex()
+        executor = ThreadPoolExecutor(2)
+        pub = KvEventPublisher(endpoint, replay)
+        pub.start_replay_thread()
+        intake = EventIntake(R, endpoint, replay, BT, _seed, index, executor, poll_s=0.02)
+        task = asyncio.create_task(intake.run())
+        try:
+            # slow joiner: probe until the intake hears the publisher
+            while not intake.stats.batches:
+                pub.publish(EngineEventBatch(0.0, ()))
+                await asyncio.sleep(0.05)
+            pub.publish(EngineEventBatch(1.0, (_stored(tokens, "tenant-salt"),)))
+            await _until(lambda: index.match(salted).device_blocks(R) == 4)
+            assert index.match(plain).device_blocks(R) == 0  # another namespace
+            # a lost batch the publisher still buffers: replayed, applied in order
+            pub.publish(EngineEventBatch(2.0, (_stored(tokens + 500, None),)), drop=True)
+            pub.publish(EngineEventBatch(3.0, (_stored(tokens, None),)))
+            other = hash_tokens(tokens + 500, BT, _seed(None))
+            await _until(lambda: index.match(other).device_blocks(R) == 4)
+            assert index.match(plain).device_blocks(R) == 4
+            # the engine restarts: a new publisher on the same sockets, numbering from 0
+            pub.close()
+            pub = await _bind_again(endpoint, replay)
+            pub.start_replay_thread()
+            fresh = tokens + 9000
+            epochs = intake.ingest.num_epochs
+            while intake.ingest.num_epochs == epochs:
+                pub.publish(EngineEventBatch(4.0, (_stored(fresh, None),)))
+                await asyncio.sleep(0.05)
+            await _until(
+                lambda: index.match(hash_tokens(fresh, BT, _seed(None))).device_blocks(R) == 4
+            )
+            # the previous life's blocks are gone
+            assert index.match(salted).device_blocks(R) == 0
+            assert index.match(plain).device_blocks(R) == 0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            executor.shutdown(wait=True)
+            intake.close()
+            pub.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))

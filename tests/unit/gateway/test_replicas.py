@@ -1,0 +1,82 @@
+"""Replica health: ejection after consecutive failures, doubling ejection, slow start."""
+
+from __future__ import annotations
+
+from kvtide.clock import ManualClock
+from kvtide.gateway.config import Failover, ReplicaSpec
+from kvtide.gateway.health import apply_scrape, parse_engine_metrics
+from kvtide.gateway.replicas import ReplicaSet
+
+
+def _set() -> ReplicaSet:
+    rs = ReplicaSet(Failover(eject_after=2, eject_s=1.0, max_eject_s=3.0), 16, ManualClock())
+    rs.add(ReplicaSpec("http://h:1", "m"))
+    rs.add(ReplicaSpec("http://h:2", "n"))
+    return rs
+
+
+def test_consecutive_failures_eject_and_success_resets() -> None:
+    rs = _set()
+    r = rs.get("h:1")
+    assert r is not None
+    assert not r.failed(0.0)
+    r.succeeded()
+    assert not r.failed(0.0)
+    assert r.failed(0.0)  # second in a row
+    assert r.is_down and not r.state.healthy and r.ejected_until_s == 1.0
+    assert rs.candidates("m") == []
+    r.readmit()
+    assert r.failed(5.0) is False and r.failed(5.0)
+    assert r.ejected_until_s == 7.0  # the ejection doubled
+
+
+def test_slow_start_allowance_doubles_until_uncapped() -> None:
+    rs = _set()
+    r = rs.get("h:1")
+    assert r is not None
+    r.eject(0.0)
+    r.readmit()
+    assert r.allowance == 1
+    r.in_flight = 1
+    assert not r.can_take()
+    for expected in (2, 4, 8, 16, 32):
+        r.succeeded()
+        assert r.allowance == expected
+    r.succeeded()
+    assert r.allowance is None and r.can_take()
+
+
+def test_candidates_follow_models_and_drain() -> None:
+    rs = _set()
+    assert [r.replica_id for r in rs.candidates("n")] == ["h:2"]
+    assert rs.models() == ["m", "n"] and not rs.serves("o")
+    r = rs.get("h:2")
+    assert r is not None
+    r.draining = True
+    assert rs.candidates("n") == [] and rs.serves("n")
+
+
+def test_scraped_load_adds_other_gateways_requests() -> None:
+    rs = _set()
+    r = rs.get("h:1")
+    assert r is not None
+    text = (
+        b"# HELP vllm:num_requests_running x\n"
+        b'vllm:num_requests_running{model_name="m",engine="0"} 3.0\n'
+        b'vllm:num_requests_running{model_name="m",engine="1"} 2.0\n'
+        b'vllm:num_requests_waiting{model_name="m"} 4.0\n'
+        b'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
+        b"vllm:num_requests_running_other 100\n"
+    )
+    scraped = parse_engine_metrics(text)
+    assert scraped == {
+        "vllm:num_requests_running": 5.0,
+        "vllm:num_requests_waiting": 4.0,
+        "vllm:kv_cache_usage_perc": 0.5,
+    }
+    r.in_flight = r.state.num_requests = 2
+    apply_scrape(r, scraped)
+    assert r.state.num_requests == 9  # 2 of ours + 7 from elsewhere
+    assert r.state.kv_utilization == 0.5
+    apply_scrape(r, {"vllm:num_requests_running": 2.0})
+    assert r.state.num_requests == 2  # the others finished
