@@ -168,6 +168,10 @@ def test_prometheus_scrapes_two_engines_and_every_panel_has_data(tmp_path: Path)
         assert "(2 instances)" in out and "hit ratio now:" in out and "could be:" in out
         assert "limit 1:" in out
 
+        # The online detector's log line, beside its kvtide_alert_* metrics.
+        logged = [line for e in engines for line in e.log if "kvtide engine: alert:" in line]
+        assert logged, [line for e in engines for line in e.log][-5:]
+        print(logged[0].strip())
         for e in engines:
             body = _get(f"{e.url}/metrics").decode()
             assert (
