@@ -29,10 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kvtide.cli.replay import Prepared, parse_capacities, prepare, replay_one
+from kvtide.cli.replay import Prepared, prepare, replay_one
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.oracle import Oracle
+from kvtide.quantities import items, tokens
 
 
 def lru_with_perfect_admission(data: Prepared, oracle: Oracle, capacity_tokens: int) -> float:
@@ -149,7 +150,7 @@ def main() -> None:
         "  (% of optimum)"
     )
     print(header)
-    for cap in parse_capacities(args.capacity):
+    for cap in items(args.capacity, tokens, name="--capacity", minimum=1):
         best = oracle.run(cap // data.block_tokens).hit_blocks * data.block_tokens / total
         lru = replay_one(data, "lru", cap)["hit_ratio"]
         tide = replay_one(data, "tide", cap)["hit_ratio"]
