@@ -33,7 +33,12 @@ def _scrape(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics").text
     values: dict[str, float] = {}
     types: dict[str, str] = {}
-    for family in text_string_to_metric_families(text):
+    families = list(text_string_to_metric_families(text))
+    # kvtide's own families follow the vLLM ones, with their own labels (kvtide.telemetry).
+    assert any(f.name.startswith("kvtide_cache_") for f in families)
+    for family in families:
+        if not family.name.startswith("vllm:"):
+            continue
         types[family.name] = family.type
         for sample in family.samples:
             assert sample.labels.get("model_name") == MODEL

@@ -29,6 +29,8 @@ _SUBCOMMANDS: dict[str, str] = {
     "load": "kvtide.cli.load",
     "alerts": "kvtide.cli.alerts",
     "demo": "kvtide.cli.demo",
+    "profile": "kvtide.cli.profile",
+    "doctor": "kvtide.cli.doctor",
 }
 
 

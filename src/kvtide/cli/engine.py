@@ -4,6 +4,7 @@ scaled wall clock), or SmolLM2-135M for real on the CPU, with vLLM's KV events a
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from kvtide.cli._checks import TP
@@ -138,5 +139,17 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         seed=args.seed,
     )
+    _log_alerts()
     serve(config)
     return 0
+
+
+def _log_alerts() -> None:
+    """The online early warning's alerts as one stderr line each (info ones too: a cold
+    start is worth a line), unless logging was configured already."""
+    alerts = logging.getLogger("kvtide.alerts")
+    if not alerts.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("kvtide engine: alert: %(message)s"))
+        alerts.addHandler(handler)
+        alerts.setLevel(logging.INFO)

@@ -20,6 +20,7 @@ from kvtide.engine.scheduler import RequestRecord, Scheduler
 from kvtide.engine_server.kv_publisher import EnginePublisher
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.engine_server.stream import RequestStream
+from kvtide.telemetry.online import EngineTelemetry
 from kvtide.text import Tokenizer
 from kvtide.types import Request
 
@@ -94,11 +95,13 @@ class EmulatedEngine:
         filler: Sequence[str],
         publisher: EnginePublisher | None = None,
         on_record: Callable[[RequestRecord], None] = lambda record: None,
+        telemetry: EngineTelemetry | None = None,
     ) -> None:
         """``on_record`` receives each finished request's record on the engine's clock (what
         the simulator's metrics read), for tests and diagnosis."""
         self.driver = driver
         self.on_record = on_record
+        self.telemetry = telemetry
         self.scheduler: Scheduler = driver.scheduler
         self.clock = clock
         self.metrics = metrics
@@ -185,6 +188,8 @@ class EmulatedEngine:
             events = self.driver.take_events()
             if events:
                 self.publisher.publish(events, now)
+        if self.telemetry is not None:
+            self.telemetry.tick()  # at most once per detector interval: cheap otherwise
         if outputs:
             self._dispatch(outputs)
 

@@ -22,6 +22,9 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from kvtide.telemetry.online import EngineTelemetry
+from kvtide.telemetry.recorders import PrometheusRecorder
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -75,6 +78,12 @@ class EngineMetrics:
         self._evicted_blocks = zero
         self.registry = CollectorRegistry()
         self.registry.register(_Families(self))
+        self._telemetry: EngineTelemetry | None = None
+
+    def attach_telemetry(self, telemetry: EngineTelemetry) -> None:
+        """Serves the kvtide_* families (``kvtide.telemetry``) after the vllm:* ones; a scrape
+        also ticks the online early warning, so it runs while the engine sleeps."""
+        self._telemetry = telemetry
 
     def bind_gauges(
         self,
@@ -110,7 +119,13 @@ class EngineMetrics:
             self.e2e.observe(e2e_s)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        body = generate_latest(self.registry)
+        tel = self._telemetry
+        if tel is None:
+            return body
+        tel.tick()
+        assert isinstance(tel.recorder, PrometheusRecorder)
+        return body + tel.recorder.exposition()
 
     def families(self) -> Iterator[Metric]:
         lab = self.labels

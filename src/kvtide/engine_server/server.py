@@ -30,6 +30,8 @@ from kvtide.engine_server.kv_publisher import BlockTokens, EnginePublisher, Even
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.errors import ConfigError
 from kvtide.state.kv_events import KvEventPublisher
+from kvtide.telemetry.online import EngineTelemetry
+from kvtide.telemetry.recorders import PrometheusRecorder
 from kvtide.text import Tokenizer, smollm2
 
 log = logging.getLogger("kvtide.engine_server")
@@ -108,6 +110,8 @@ def build(config: ServerConfig) -> Built:
         publisher.publisher.start_replay_thread()
     _, texts = filler_tokens(tokenizer)
     start = config.seed % len(texts)
+    telemetry = EngineTelemetry(PrometheusRecorder(), scheduler.cache, clock, tiers=scheduler.tiers)
+    metrics.attach_telemetry(telemetry)
     engine = EmulatedEngine(
         EngineDriver(scheduler),
         clock,
@@ -115,6 +119,7 @@ def build(config: ServerConfig) -> Built:
         config.name,
         texts[start:] + texts[:start],
         publisher,
+        telemetry=telemetry,
     )
     app = EngineApp(engine, tokenizer, metrics, _limits(config, config.max_model_len))
     return Built(app, engine, publisher, scheduler)
@@ -159,7 +164,7 @@ def build_scheduler(config: ServerConfig, *, record_events: bool) -> tuple[Sched
                 host=TierSpec(config.host_cache_tokens // bt, config.eviction),
                 block_tokens=bt,
                 record_events=record_events,
-                ghost_blocks=0,
+                ghost_blocks=None,  # the ghost memory tells evicted misses from cold ones
             ),
             clock,
             cost,
@@ -167,7 +172,7 @@ def build_scheduler(config: ServerConfig, *, record_events: bool) -> tuple[Sched
         return Scheduler(engine, tiers.device, timer, clock, tiers=tiers), clock
     cache = KVCache(
         CacheConfig(
-            blocks, bt, policy=config.eviction, record_events=record_events, ghost_blocks=0
+            blocks, bt, policy=config.eviction, record_events=record_events, ghost_blocks=None
         ),
         clock,
     )

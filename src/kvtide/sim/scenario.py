@@ -273,10 +273,12 @@ def run(
     *,
     detector: DetectorConfig | None = None,
     shrink: PoolShrink | None = None,
+    observe: Callable[[Fleet, EventLoop, CostModel], None] | None = None,
 ) -> RunResult:
     """Replays the scenario's workload through a fresh fleet; ``progress`` gets the fraction
     of the arrival span simulated so far. ``detector`` configures the early warning run on the
-    fleet's telemetry; ``shrink`` takes device memory away from every replica step by step."""
+    fleet's telemetry; ``shrink`` takes device memory away from every replica step by step;
+    ``observe`` is called once the fleet exists, before the first event (a probe's hook)."""
     prepared = prepared or prepare(scenario)
     requests = prepared.requests
     block_tokens = prepared.block_tokens
@@ -354,6 +356,8 @@ def run(
     sampler.progress = progress
     sampler.start()
     telemetry.start()
+    if observe is not None:
+        observe(fleet, loop, model)
     loop.run()
     fleet.metrics.sample(fleet.sample())
     summary = fleet.metrics.summarize(

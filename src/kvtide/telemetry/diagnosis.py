@@ -1,0 +1,233 @@
+"""``kvtide doctor``'s reasoning: observed cache counters in, a diagnosis out.
+
+``Observed`` is what any source (a Prometheus server, a scrape file, a KV event log, a simulator
+JSON) can say about a cache or a fleet; ``diagnose`` turns it into the ceiling of the hit ratio,
+what holds it below that ceiling (each limit with the tokens it costs), and what to change.
+The ceilings a workload alone can give (Belady's optimum, the pool size that reaches N% of the
+infinite cache) are computed by the caller and passed in as ``Bounds``.
+
+Attribution, from the miss causes the core counts (``telemetry.metrics.MISS_CAUSES``):
+an infinite cache still misses ``cold`` tokens (first sight) and ``partial_block`` tokens (the
+unfilled tail is never cached), so the infinite-cache ratio is 1 minus those shares.
+``evicted`` misses are capacity, ``other_namespace`` misses are tenant isolation or quota,
+``recomputed`` misses are a lower tier too slow to reload from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+CAUSES = ("cold", "evicted", "other_namespace", "partial_block", "recomputed")
+
+
+@dataclass(slots=True)
+class Observed:
+    source: str
+    prompt_tokens: float = 0.0
+    hit_tokens: float = 0.0
+    miss_tokens: dict[str, float] = field(default_factory=dict)
+    evicted_blocks: float = 0.0
+    capacity_blocks: float = 0.0
+    cached_blocks: float = 0.0
+    instances: int = 1
+    events_lost: float = 0.0
+    replication: float | None = None
+    """Mean replicas holding a hot prefix (the router's gauge); None when unknown."""
+    quota_tenants: list[str] = field(default_factory=list)
+    alerts: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the source could not say, or said besides the counters."""
+    routing_hit_ratios: dict[str, float] = field(default_factory=dict)
+    """Hit ratio per router, when a simulator JSON compares several."""
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Ceilings computed on the workload itself (``kvtide doctor --workload``)."""
+
+    infinite_hit_ratio: float
+    optimum_hit_ratio: float
+    """Belady's optimum at the observed total capacity (one cache of the fleet's size)."""
+    capacity_tokens: int
+    target_share: float
+    target_capacity_tokens: int | None
+    """The smallest capacity (one cache) whose hit ratio with the observed eviction policy
+    reaches ``target_share`` of the infinite cache; None when even the workload's whole
+    footprint does not."""
+    target_hit_ratio: float | None
+    policy_hit_ratio: float
+    """The eviction policy's own hit ratio at the observed capacity, replayed."""
+    simulated: str | None = None
+    """A line from the fleet simulator at the proposed size, when it was run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    name: str
+    tokens: float
+    """Prompt tokens it cost over the observed span (0 where it cannot be counted)."""
+    share: float
+    why: str
+    change: str
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    observed: Observed
+    infinite_hit_ratio: float
+    limits: list[Limit]
+    bounds: Bounds | None
+
+    def lines(self) -> list[str]:
+        o = self.observed
+        out = [f"source: {o.source} ({o.instances} instance{'s' if o.instances != 1 else ''})"]
+        if not o.prompt_tokens:
+            out.append("no prompt tokens observed: nothing to diagnose yet")
+            out += [f"note: {n}" for n in o.notes]
+            return out
+        out.append(
+            f"hit ratio now: {_pct(o.hit_ratio)} of {o.prompt_tokens:,.0f} prompt tokens"
+            + (f"; device pool {o.capacity_blocks:,.0f} blocks" if o.capacity_blocks else "")
+            + (
+                f", {o.cached_blocks / o.capacity_blocks:.0%} cached"
+                if o.capacity_blocks and o.cached_blocks
+                else ""
+            )
+        )
+        out.append(
+            f"could be: {_pct(self.infinite_hit_ratio)} with an infinite cache "
+            "(only cold and partial-block misses left)"
+        )
+        b = self.bounds
+        if b is not None:
+            out.append(
+                f"optimum at this size ({b.capacity_tokens:,} tokens, Belady): "
+                f"{_pct(b.optimum_hit_ratio)}; the eviction policy replayed: "
+                f"{_pct(b.policy_hit_ratio)}; infinite cache on the workload: "
+                f"{_pct(b.infinite_hit_ratio)}"
+            )
+        if not self.limits:
+            out.append("limits: none measurable; the cache is at its ceiling")
+        for i, lim in enumerate(self.limits, 1):
+            out.append(f"limit {i}: {lim.name} ({_pct(lim.share)} of prompt tokens): {lim.why}")
+            out.append(f"  change: {lim.change}")
+        if b is not None:
+            if b.target_capacity_tokens is None:
+                out.append(
+                    f"pool size: no capacity up to the workload's footprint reaches "
+                    f"{b.target_share:.0%} of the infinite cache"
+                )
+            else:
+                out.append(
+                    f"pool size: {b.target_capacity_tokens:,} tokens in all reach "
+                    f"{_pct(b.target_hit_ratio or 0.0)} = {b.target_share:.0%} of the infinite "
+                    f"cache ({b.target_capacity_tokens / max(1, b.capacity_tokens):.2f}x now)"
+                )
+            if b.simulated:
+                out.append(f"  simulated: {b.simulated}")
+        if o.alerts:
+            out.append(f"alerts firing: {', '.join(o.alerts)}")
+        out += [f"note: {n}" for n in o.notes]
+        return out
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def diagnose(o: Observed, bounds: Bounds | None = None) -> Diagnosis:
+    p = o.prompt_tokens
+    miss = {c: o.miss_tokens.get(c, 0.0) for c in CAUSES}
+    unavoidable = miss["cold"] + miss["partial_block"]
+    infinite = 1.0 - unavoidable / p if p else math.nan
+    limits: list[Limit] = []
+    if p:
+        if miss["evicted"] > 0:
+            limits.append(
+                Limit(
+                    "capacity",
+                    miss["evicted"],
+                    miss["evicted"] / p,
+                    f"{miss['evicted']:,.0f} tokens missed after their blocks were evicted "
+                    f"({o.evicted_blocks:,.0f} blocks evicted)",
+                    "a larger device pool or a host tier (see the pool size below)"
+                    if bounds
+                    else "a larger device pool or a host tier; run doctor with --workload to "
+                    "size it",
+                )
+            )
+        if miss["other_namespace"] > 0:
+            limits.append(
+                Limit(
+                    "tenant isolation / quota",
+                    miss["other_namespace"],
+                    miss["other_namespace"] / p,
+                    f"{miss['other_namespace']:,.0f} tokens were cached under another tenant's "
+                    "salt",
+                    "share system prompts through a common namespace only where tenants may "
+                    "see each other; raise the tenant's quota if it is the one evicting",
+                )
+            )
+        if miss["partial_block"] > 0.02 * p:
+            limits.append(
+                Limit(
+                    "fragmentation (block size)",
+                    miss["partial_block"],
+                    miss["partial_block"] / p,
+                    f"{miss['partial_block']:,.0f} tokens sat in partly filled last blocks",
+                    "a smaller block size (kvtide profile compares 8..128 tokens)",
+                )
+            )
+        if miss["recomputed"] > 0:
+            limits.append(
+                Limit(
+                    "slow lower tier",
+                    miss["recomputed"],
+                    miss["recomputed"] / p,
+                    f"{miss['recomputed']:,.0f} tokens were found below the device and "
+                    "recomputed because reloading was slower",
+                    "a faster host link or larger chunks per copy (kvtide cost)",
+                )
+            )
+        if o.routing_hit_ratios:
+            best_name, best = max(o.routing_hit_ratios.items(), key=lambda kv: kv[1])
+            gap = best - o.hit_ratio
+            if gap > 0.005:
+                limits.append(
+                    Limit(
+                        "routing spread",
+                        gap * p,
+                        gap,
+                        f"router {best_name} reached {_pct(best)} on the same workload",
+                        f"route with {best_name}",
+                    )
+                )
+        elif o.replication is not None and o.replication > 1.5 and o.instances > 1:
+            limits.append(
+                Limit(
+                    "routing spread",
+                    0.0,
+                    0.0,
+                    f"hot prefixes are held by {o.replication:.2f} replicas on average: the "
+                    "same prefix takes room on several pools",
+                    "prefix-aware routing (kvtide simulate compares routers)",
+                )
+            )
+    if o.events_lost > 0:
+        limits.append(
+            Limit(
+                "event loss",
+                0.0,
+                0.0,
+                f"{o.events_lost:,.0f} KV event batches lost: the router's index is wrong "
+                "until the next resync",
+                "check the event channel (ZMQ high-water mark, subscriber lag); resync on gaps",
+            )
+        )
+    limits.sort(key=lambda lim: -lim.tokens)
+    return Diagnosis(o, infinite, limits, bounds)
