@@ -86,6 +86,8 @@ def classify(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     engine_args = ["--speedup", str(args.speedup), "--kv-cache-tokens", str(args.kv_cache_tokens)]
     gateway_args = [] if args.text_mode else ["--tokenizer", "smollm2"]
+    if args.prefix_cache_tokens is not None:
+        gateway_args += ["--prefix-cache-tokens", str(args.prefix_cache_tokens)]
     sessions = max(4, int(args.rate * args.duration / 4))
     spec = (
         f"builtin:chat:sessions={sessions},turns=4,duration_s={args.duration:g},"
@@ -176,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--engines", type=int, default=3)
     p.add_argument("--policy", default="cost")
     p.add_argument("--text-mode", action="store_true", help="gateway without --tokenizer")
+    p.add_argument("--prefix-cache-tokens", type=int, help="the gateway's --prefix-cache-tokens")
     p.add_argument("--speedup", type=float, default=2.0)
     p.add_argument("--kv-cache-tokens", type=int, default=65_536)
     p.add_argument("--output-tokens", type=int, default=24)

@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--state", help="local (default) or redis://HOST:PORT/DB")
     p.add_argument("--state-prefix", help="key prefix in the shared store (default kvtide)")
     p.add_argument("--tokenizer", help="tokenizer directory or GGUF: exact prefix identity")
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        help="token ids of conversation prefixes kept for reuse (default 2000000)",
+    )
     p.add_argument("--api-keys", help="YAML file of hashed API keys -> tenants")
     p.add_argument("--admin-key", help="bearer key of the admin API (off without it)")
     p.add_argument("--tenant-secret", help="secret the per-tenant cache salts derive from")
@@ -49,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         "state": args.state,
         "state_prefix": args.state_prefix,
         "tokenizer": args.tokenizer,
+        "prefix_cache_tokens": args.prefix_cache_tokens,
         "api_keys": args.api_keys,
         "admin_key": args.admin_key,
         "tenant_secret": args.tenant_secret,

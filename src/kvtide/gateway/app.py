@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from kvtide.clock import WallClock
+from kvtide.clock import Clock, WallClock
 from kvtide.errors import ConfigError, KvtideError
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
 from kvtide.gateway.health import HealthChecker
@@ -73,9 +73,15 @@ def load_tokenizer(path: str) -> PromptTokenizer:
 class Gateway:
     """Everything a request needs, independent of the HTTP layer."""
 
-    def __init__(self, config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        tokenizer: PromptTokenizer | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.config = config
-        self.clock = WallClock()
+        # one clock for load, health, limits and routing: a test harness drives it by hand
+        self.clock: Clock = clock if clock is not None else WallClock()
         self.metrics = GatewayMetrics()
         if tokenizer is None and config.tokenizer:
             tokenizer = load_tokenizer(config.tokenizer)
@@ -85,6 +91,7 @@ class Gateway:
             config.limits.max_prompt_chars,
             config.limits.max_prompt_tokens,
             tokenizer,
+            config.prefix_cache_tokens,
         )
         self.replicas = ReplicaSet(config.failover, config.block_tokens, self.clock)
         for spec in config.replicas:
@@ -147,9 +154,35 @@ class Gateway:
             seed = self._seeds[key] = namespace_seed(model, salt.encode())
         return seed
 
-    def _on_dispatch(self, route: RouteRequest, decision: RouteDecision) -> None:
+    # --- routing ---------------------------------------------------------------------------
+
+    def route_request(self, prompt: Prompt, tenant: Tenant, max_tokens: int) -> RouteRequest:
+        """What the router is told about a request (the handlers' one way to build it)."""
+        return RouteRequest(
+            block_hashes=prompt.hashes,
+            prompt_tokens=prompt.prompt_tokens,
+            block_tokens=self.config.block_tokens,
+            request_id=f"gw-{next(self._ids)}",
+            tenant=tenant.name,
+            output_tokens=max_tokens,
+        )
+
+    def choose(
+        self, route: RouteRequest, model: str, exclude: ReplicaId | None = None
+    ) -> tuple[Replica, RouteDecision] | None:
+        """The replica for ``route`` among those serving ``model`` that can take it now
+        (``None``: none can); counted in the metrics and, in text mode, in the shadow."""
+        cands = self.replicas.candidates(model, exclude=exclude)
+        if not cands:
+            return None
+        decision = self.router.route(route, [c.state for c in cands])
+        replica = self.replicas.by_id[decision.replica]
+        self.metrics.child(self.metrics.decisions, replica.replica_id, decision.reason).inc()
+        if decision.cached_tokens:
+            self.metrics.predicted_cached.inc(decision.cached_tokens)
         if self.shadow is not None:
             self.shadow.record(decision.replica, route.block_hashes)
+        return replica, decision
 
     # --- replicas ------------------------------------------------------------------------
 
@@ -278,14 +311,7 @@ class Gateway:
         body.pop("cache_salt", None)
         if tenant.salt:
             body["cache_salt"] = tenant.salt
-        route = RouteRequest(
-            block_hashes=prompt.hashes,
-            prompt_tokens=prompt.prompt_tokens,
-            block_tokens=self.config.block_tokens,
-            request_id=f"gw-{next(self._ids)}",
-            tenant=tenant.name,
-            output_tokens=max_tokens,
-        )
+        route = self.route_request(prompt, tenant, max_tokens)
         assert self.proxy is not None, "the app's lifespan has not started"
         if self.shared is not None and self.prompts.is_exact:
             match = await self.shared.match(prompt.hashes)
@@ -387,7 +413,7 @@ class Gateway:
             self.session,
             self.metrics,
             self.clock.now,
-            self._on_dispatch,
+            self.choose,
         )
         self.checker = HealthChecker(
             self.replicas, self.session, self.clock.now, t.health_s, self._on_down, self._on_up

@@ -102,6 +102,9 @@ class GatewayConfig:
     block_tokens: int = 16
     chunk_chars: int = 64
     """Text mode (no tokenizer): bytes per pseudo-block, about ``block_tokens`` tokens."""
+    prefix_cache_tokens: int = 2_000_000
+    """Token mode: token ids of conversation prefixes kept to skip retokenizing earlier turns
+    (~8 bytes a token with the text kept beside them: ~16 MB at the default)."""
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     failover: Failover = field(default_factory=Failover)
@@ -112,6 +115,8 @@ class GatewayConfig:
             raise ConfigError(f"port: {self.port} is not a TCP port")
         if self.block_tokens < 1 or self.chunk_chars < 1:
             raise ConfigError("block_tokens and chunk_chars must be >= 1")
+        if self.prefix_cache_tokens < 0:
+            raise ConfigError(f"prefix_cache_tokens: must be >= 0, got {self.prefix_cache_tokens}")
         if self.state != "local" and not self.state.startswith(("redis://", "rediss://")):
             raise ConfigError(f"state: expected local or redis://..., got {self.state!r}")
         ids = [r.replica_id for r in self.replicas]
@@ -150,7 +155,7 @@ def from_mapping(raw: Mapping[str, Any], source: str = "config") -> GatewayConfi
             values[key] = _section(key, _SECTIONS[key], value)
         elif key == "replicas":
             values[key] = tuple(_replica(source, item) for item in value or ())
-        elif key in ("port", "block_tokens", "chunk_chars"):
+        elif key in ("port", "block_tokens", "chunk_chars", "prefix_cache_tokens"):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"{source}: {key}: expected an integer, got {value!r}")
             values[key] = value

@@ -99,14 +99,14 @@ class PromptHasher:
         max_prompt_chars: int,
         max_prompt_tokens: int,
         tokenizer: PromptTokenizer | None = None,
-        prefix_cache_entries: int = 4096,
+        prefix_cache_tokens: int = 2_000_000,
     ) -> None:
         self.block_tokens = block_tokens
         self.chunk_chars = chunk_chars
         self.max_prompt_chars = max_prompt_chars
         self.max_prompt_tokens = max_prompt_tokens
         self.tokenizer = tokenizer
-        self.prefix_cache = PrefixTokenCache(prefix_cache_entries)
+        self.prefix_cache = PrefixTokenCache(prefix_cache_tokens)
 
     @property
     def is_exact(self) -> bool:
@@ -169,14 +169,27 @@ class PrefixTokenCache:
     and tokenizers never merge across special tokens, so the ids of the rendered messages
     1..k are a prefix of the ids of 1..N whenever their text is a prefix of its text. The
     cache keys each prefix by its messages; a hit is used only when that text condition holds
-    (checked), else the whole prompt is tokenized. LRU over ``max_entries`` prefixes.
+    (checked), else the whole prompt is tokenized.
+
+    Bounded by the token ids it holds, not by entries: conversations grow turn by turn, so a
+    count of entries bounds nothing (4,096 long conversations as Python int lists grew a
+    soak's gateway by ~19 MiB/min). Ids are kept as ``array('i')`` (4 bytes a token, against
+    ~36 for a list of ints) and the least recently used prefixes go first once ``max_tokens``
+    is passed. A turn that extends a cached prefix replaces it (the new entry's ids begin with
+    its ids), so a conversation holds its latest turn only.
+    The rendered text kept beside them for the prefix check is about as large again
+    (one byte a character, ~4 characters a token).
     """
 
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, list[int]]] = (
+    def __init__(self, max_tokens: int) -> None:
+        if max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, array[int]]] = (
             OrderedDict()
         )
+        self.tokens = 0
+        """Token ids held now, over every entry: never above ``max_tokens``."""
         self._suffixes: dict[int, tuple[str, list[int]] | None] = {}
         self.hits = 0
         self.misses = 0
@@ -226,7 +239,7 @@ class PrefixTokenCache:
         if found is not None and found[0] == conv:
             self._entries.move_to_end(key)
             self.hits += 1
-            return found[1]
+            return found[1].tolist()
         ids: list[int] | None = None
         for k in range(len(key) - 1, 0, -1):
             prior = self._entries.get(key[:k])
@@ -234,9 +247,14 @@ class PrefixTokenCache:
                 continue
             text, prefix_ids = prior
             if conv.startswith(text):
-                self._entries.move_to_end(key[:k])
                 self.hits += 1
-                ids = prefix_ids + tok.encode(conv[len(text) :], add_special_tokens=False)
+                ids = prefix_ids.tolist()
+                ids += tok.encode(conv[len(text) :], add_special_tokens=False)
+                if k > 1:  # superseded by the longer entry stored below, which begins with it:
+                    # without this a conversation of N turns held 1+2+...+N turns' ids
+                    self._drop(key[:k])
+                else:  # a first message (system prompt) is shared by other conversations
+                    self._entries.move_to_end(key[:k])
             break
         if ids is None:
             self.misses += 1
@@ -261,8 +279,20 @@ class PrefixTokenCache:
                 return first_ids + tok.encode(conv[len(first) :], add_special_tokens=False)
         return tok.encode(conv, add_special_tokens=False)
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _drop(self, key: tuple[tuple[str, str], ...]) -> None:
+        gone = self._entries.pop(key, None)
+        if gone is not None:
+            self.tokens -= len(gone[1])
+
     def _store(self, key: tuple[tuple[str, str], ...], text: str, ids: list[int]) -> None:
-        self._entries[key] = (text, ids)
-        self._entries.move_to_end(key)
-        if len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        if len(ids) > self.max_tokens:  # would evict everything and still not fit
+            return
+        self._drop(key)
+        self._entries[key] = (text, array("i", ids))
+        self.tokens += len(ids)
+        while self.tokens > self.max_tokens:
+            _, (_, gone) = self._entries.popitem(last=False)
+            self.tokens -= len(gone)

@@ -23,10 +23,15 @@ from kvtide.gateway.replicas import Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
+from kvtide.types import ReplicaId
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _JSON = {"Content-Type": "application/json"}
 _PASSED_HEADERS = ("Content-Type", "Cache-Control")
+
+
+Chosen = tuple[Replica, RouteDecision]
+"""A routing step's answer: the replica and the router's decision."""
 
 
 class _Failed(Exception):
@@ -56,14 +61,15 @@ class Proxy:
         session: aiohttp.ClientSession,
         metrics: GatewayMetrics,
         now_s: Callable[[], float],
-        on_dispatch: Callable[[RouteRequest, RouteDecision], None] | None = None,
+        choose: Callable[[RouteRequest, str, ReplicaId | None], Chosen | None],
     ) -> None:
         self.replicas = replicas
         self.router = router
         self.session = session
         self.metrics = metrics
         self.now_s = now_s
-        self.on_dispatch = on_dispatch
+        self.choose = choose
+        """The gateway's routing step (``Gateway.choose``): candidates, router, metrics."""
 
     async def forward(
         self,
@@ -78,16 +84,10 @@ class Proxy:
         tried = None
         last: _Failed | None = None
         for attempt in range(2):
-            cands = self.replicas.candidates(model, exclude=tried)
-            if not cands:
+            chosen = self.choose(route, model, tried)
+            if chosen is None:
                 break
-            decision = self.router.route(route, [c.state for c in cands])
-            replica = self.replicas.by_id[decision.replica]
-            self.metrics.child(self.metrics.decisions, replica.replica_id, decision.reason).inc()
-            if decision.cached_tokens:
-                self.metrics.predicted_cached.inc(decision.cached_tokens)
-            if self.on_dispatch is not None:
-                self.on_dispatch(route, decision)
+            replica, decision = chosen
             try:
                 resp = await self._attempt(
                     request, replica, path, payload, route, decision, stream, arrival_s

@@ -57,7 +57,7 @@ def test_limits_and_malformed_prompts() -> None:
 
 def test_prefix_token_cache_equals_tokenizing_the_whole_prompt() -> None:
     tok = smollm2()
-    cache = PrefixTokenCache(64)
+    cache = PrefixTokenCache(100_000)
     rng = random.Random(3)
     words = ["ship", "parcel", "Zürich", "42", "\n", "  ", "don't", "—", "émigré", "x"]
     for _ in range(6):  # conversations growing turn by turn, as clients resend them
@@ -75,7 +75,7 @@ def test_prefix_token_cache_equals_tokenizing_the_whole_prompt() -> None:
 
 def test_a_shared_system_prompt_is_tokenized_once_for_every_conversation() -> None:
     tok = smollm2()
-    cache = PrefixTokenCache(64)
+    cache = PrefixTokenCache(100_000)
     system = {"role": "system", "content": "Answer in one word. " * 40}
     for i in range(5):
         messages = [system, {"role": "user", "content": f"question {i}?"}]
@@ -84,3 +84,57 @@ def test_a_shared_system_prompt_is_tokenized_once_for_every_conversation() -> No
         )
         assert cache.tokenize(tok, messages) == direct
     assert (cache.misses, cache.hits) == (1, 4)
+
+
+_WORDS = ["ship", "parcel", "Zürich", "42", "\n", "  ", "don't", "—", "émigré", "x", "<|im_end|>"]
+_step = st.tuples(
+    st.integers(0, 5),  # which conversation moves
+    st.sampled_from(["extend", "extend", "extend", "restart", "edit"]),
+    st.lists(st.sampled_from(_WORDS), min_size=1, max_size=25),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 400), st.lists(_step, min_size=1, max_size=40))
+def test_prefix_cache_holds_at_most_its_token_bound_and_hits_equal_full_tokenization(
+    bound: int, stream: list[tuple[int, str, list[str]]]
+) -> None:
+    """A long interleaved stream of growing, restarted and rewritten conversations: after
+    every request the cache holds no more token ids than its bound (counted from its entries,
+    not trusted from its counter), and every answer, hit or miss, is exactly the ids of
+    tokenizing the whole rendered prompt (the differential reference)."""
+    tok = smollm2()
+    cache = PrefixTokenCache(bound)
+    system = {"role": "system", "content": "Be brief. " * 8}
+    convs: list[list[dict[str, str]]] = [[system] for _ in range(6)]
+    for which, action, words in stream:
+        conv = convs[which]
+        text = " ".join(words)
+        if action == "restart":
+            conv[1:] = []
+        elif action == "edit" and len(conv) > 1:  # a client that rewrites an earlier turn
+            conv[1] = {"role": conv[1]["role"], "content": text}
+        conv.append({"role": "user", "content": text})
+        direct = tok.encode(
+            tok.apply_chat_template(conv, add_generation_prompt=True), add_special_tokens=False
+        )
+        assert cache.tokenize(tok, conv) == direct
+        held = sum(len(ids) for _, ids in cache._entries.values())
+        assert held == cache.tokens <= bound
+        conv.append({"role": "assistant", "content": text[::-1]})
+
+
+def test_prefix_cache_bound_keeps_the_most_recent_conversation_hitting() -> None:
+    """A bound near one conversation's size: older conversations are evicted by tokens, and
+    the one just seen still hits on its next turn."""
+    tok = smollm2()
+    cache = PrefixTokenCache(600)
+    for i in range(20):
+        messages = [{"role": "user", "content": f"conversation {i} " + "word " * 60}]
+        cache.tokenize(tok, messages)
+        assert cache.tokens <= 600
+        hits = cache.hits
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        cache.tokenize(tok, messages)
+        assert cache.hits == hits + 1
+    assert len(cache) < 20
