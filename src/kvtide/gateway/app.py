@@ -550,6 +550,10 @@ def build_app(gateway: Gateway) -> web.Application:
         return web.json_response(body, status=200 if ok else 503, dumps=_dumps)
 
     async def prometheus(request: web.Request) -> web.Response:
+        # Degraded is decided wherever a Redis call fails, not only in the maintenance tick:
+        # read it at scrape time so the gauge never disagrees with /ready.
+        if gateway.shared is not None:
+            metrics.state_degraded.set(1 if gateway.shared.degraded else 0)
         return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def list_replicas(request: web.Request) -> web.Response:
