@@ -113,7 +113,18 @@ class Gateway:
         self.router = Router(build_policy(self._policy_spec(), self.ctx), [])
         for r in self.replicas:
             self.router.add_replica(r.state)
-        secret = config.tenant_secret.encode() if config.tenant_secret else secrets.token_bytes(32)
+        if config.tenant_secret:
+            secret = config.tenant_secret.encode()
+        else:
+            secret = secrets.token_bytes(32)
+            if config.state != "local":
+                # each replica would salt its tenants differently: the engines' hash namespaces
+                # (and so their caches) would not be shared between gateway replicas
+                log.warning(
+                    "--state %s without --tenant-secret: this replica's tenant salts are its "
+                    "own; give every gateway replica the same --tenant-secret to share cache",
+                    config.state,
+                )
         self.tenants = TenantTable(secret, config.limits, self.clock)
         self.tenants.load(config.api_keys)
         self._admin_key = config.admin_key
