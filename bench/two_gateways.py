@@ -4,7 +4,7 @@ local``) and with one index shared through Redis (``--state redis://``), beside 
 alone, bounded-load consistent hashing (no shared state at all) and round robin; then the
 simulator's answer to the same question (`kvtide study coordinator` on the same workload).
 
-    python bench/two_gateways.py [--sessions 60] [--engines 4] [--redis redis://127.0.0.1:6379/0]
+    python bench/two_gateways.py [--sessions 120] [--engines 4] [--redis redis://127.0.0.1:6379/0]
                                  [--json out.json] [--no-study]
 
 Request ``i`` goes to gateway ``i mod 2``, so consecutive turns of a conversation usually land
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtide.cli.processes import Engine, ProcessGroup, start_engine, start_gateway, wait_all_ready
+from kvtide.errors import KvtideError
 from kvtide.loadgen import LoadConfig, run_load, schedule
 from kvtide.text import smollm2
 from kvtide.workloads import open_workload
@@ -118,13 +119,13 @@ DESIGNS = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sessions", type=int, default=60)
+    p.add_argument("--sessions", type=int, default=120)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--duration", type=float, default=60.0, help="seconds over which sessions start")
     p.add_argument("--think-s", type=float, default=3.0)
     p.add_argument("--engines", type=int, default=4)
-    p.add_argument("--speedup", type=float, default=4.0)
-    p.add_argument("--kv-cache-tokens", type=int, default=32_768)
+    p.add_argument("--speedup", type=float, default=2.0)
+    p.add_argument("--kv-cache-tokens", type=int, default=12_288)
     p.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-study", action="store_true", help="skip the simulator's answer")
@@ -132,7 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     runs = []
     for name, policy, gateways, state in DESIGNS:
-        row = run_design(args, name, policy, gateways, args.redis if state else None)
+        for attempt in range(3):  # a free port taken by another process before we bound it
+            try:
+                row = run_design(args, name, policy, gateways, args.redis if state else None)
+                break
+            except KvtideError as exc:
+                if attempt == 2:
+                    raise
+                print(f"{name}: start-up failed ({exc}); again", file=sys.stderr)
         runs.append(row)
         ratio = row["cached_token_ratio"]
         print(
