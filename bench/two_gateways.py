@@ -103,7 +103,10 @@ def run_study(args: argparse.Namespace) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "kvtide", "study", "coordinator", "--quiet",
                "--replicas", str(args.engines), "--uniform", workload_spec(args),
                "--skewed", workload_spec(args), "--gpu-cache-tokens", str(args.kv_cache_tokens),
-               "--block-tokens", "16", "--seed", str(args.seed), "--json", str(out)]  # fmt: skip
+               "--block-tokens", "16", "--seed", str(args.seed), "--json", str(out),
+               # the engines run the model --speedup times faster than the wall clock the
+               # arrivals were sent on: in model time the gaps are that much longer
+               "--time-scale", str(args.speedup)]  # fmt: skip
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return dict(json.loads(out.read_text()))
 
