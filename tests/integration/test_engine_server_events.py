@@ -21,8 +21,8 @@ from kvtide.costs.cost_model import CostModel
 from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.engine.scheduler import RequestRecord
 from kvtide.engine.timing import IterationTimer
-from kvtide.engine_server.engine_loop import salt_seed
 from kvtide.engine_server.server import EngineServer, ServerConfig
+from kvtide.routing.identity import cache_salt_seed
 from kvtide.routing.index import GlobalPrefixIndex
 from kvtide.routing.ingest import SequencedIngest, snapshot_events
 from kvtide.state.kv_events import KvEventSubscriber
@@ -66,7 +66,7 @@ def _subscriber(
     pub = server.built.publisher
     assert pub is not None
     index = GlobalPrefixIndex()
-    translator = EventTranslator(BT, lambda e: salt_seed(MODEL, e.cache_salt))
+    translator = EventTranslator(BT, lambda e: cache_salt_seed(MODEL, e.cache_salt))
     sink = EngineEventSink(index, translator)
     ingest: SequencedIngest[EngineEventBatch] = SequencedIngest(
         sink.apply, sink.clear, ManualClock()

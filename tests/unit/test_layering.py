@@ -25,7 +25,16 @@ ALLOWED: dict[str, set[str]] = {
     "tensors": {"core", "costs", "text"},
     "sim": {"core", "costs", "routing", "engine", "state", "telemetry", "workloads"},
     "gateway": {"core", "costs", "routing", "state", "telemetry", "text", "workloads"},
-    "engine_server": {"core", "costs", "engine", "state", "telemetry", "tensors", "text"},
+    "engine_server": {
+        "core",
+        "costs",
+        "routing",
+        "engine",
+        "state",
+        "telemetry",
+        "tensors",
+        "text",
+    },
     "loadgen": {"text", "workloads"},
 }
 LEAVES = {"errors", "types", "clock", "registry", "quantities", "display"}

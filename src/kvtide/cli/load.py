@@ -35,7 +35,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument(
-        "--url", required=True, type=flag(text), help="base URL, e.g. http://127.0.0.1:8000"
+        "--url",
+        required=True,
+        action="append",
+        type=flag(text),
+        help=(
+            "base URL, e.g. http://127.0.0.1:8000; repeat it for a client-side round robin "
+            "over several gateway replicas (request i goes to URL i mod n)"
+        ),
     )
     parser.add_argument(
         "--workload",
@@ -95,14 +102,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     check_writable(args.json_path, "--json")  # before any request is sent
-    if not args.url.startswith(("http://", "https://")):
-        raise ConfigError(f"--url: not an http(s) URL, got {args.url!r}")
+    for url in args.url:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--url: not an http(s) URL, got {url!r}")
     workload = open_workload(
         args.workload, limit=args.requests, time_scale=args.time_scale, seed=args.seed
     )
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else smollm2()
     config = LoadConfig(
-        url=args.url,
+        url=args.url[0],
+        more_urls=tuple(args.url[1:]),
         api=args.api,
         model=args.model,
         api_key=args.api_key,

@@ -187,6 +187,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
     parser.add_argument(
         "--time-scale",
         type=flag_type("time_scale"),
+        action=_Given,
         default=1.0,
         metavar="X",
         help="multiply inter-arrival gaps by X (2 = half the rate)",
@@ -194,6 +195,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
     parser.add_argument(
         "--load",
         type=flag_type("load"),
+        action=_Given,
         metavar="X",
         help="rescale arrivals so the offered prefill work (no cache hits) is X of the "
         f"fleet's prefill capacity (replaces --time-scale; default {DEFAULT_BUILTIN_LOAD} for "
@@ -244,10 +246,15 @@ class _Given(argparse.Action):
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The scenario the flags describe; refuses what can be refused before reading anything."""
     load = args.load
+    given: frozenset[str] = getattr(args, "given", frozenset())
     is_builtin = args.workload.split(":", 1)[0] == "builtin"
-    if load is not None and args.time_scale != 1.0:
-        raise ConfigError("--load and --time-scale: give either a load or a time scale, not both")
-    if load is None and args.time_scale == 1.0 and is_builtin:
+    if "time_scale" in given and load is not None:
+        if "load" in given:
+            raise ConfigError(
+                "--load and --time-scale: give either a load or a time scale, not both"
+            )
+        load = None  # a command's default load gives way to the time scale the user chose
+    if load is None and "time_scale" not in given and is_builtin:
         load = DEFAULT_BUILTIN_LOAD
     return Scenario(
         workload=args.workload,

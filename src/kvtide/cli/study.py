@@ -87,9 +87,10 @@ def run_coordinator(args: argparse.Namespace) -> int:
     for spec in traffic.values():
         warn(check_from_args(base.with_(workload=spec), args))
     points = study_points(base, traffic, args.lag, args.loss)
+    pace = f"load {base.load:g}" if base.load is not None else f"gaps × {base.time_scale:g}"
     console.print(
         f"coordinator study: {base.replicas} × {base.model} on {base.tp} × {base.gpu}; "
-        f"KV per replica: {describe_tiers(base)}; load {base.load}, seed {base.seed}"
+        f"KV per replica: {describe_tiers(base)}; {pace}, seed {base.seed}"
     )
     results = run_with_progress(
         [p.scenario for p in points],

@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from kvtide.clock import ScaledClock
-from kvtide.core.hashing import BlockHashes, Namespace, hash_tokens
+from kvtide.core.hashing import BlockHashes, hash_tokens
 from kvtide.engine.driver import EngineDriver, StepOutput
 from kvtide.engine.scheduler import RequestRecord, Scheduler
 from kvtide.engine_server.kv_publisher import EnginePublisher
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.engine_server.stream import RequestStream
+from kvtide.routing.identity import cache_salt_seed
 from kvtide.telemetry.online import EngineTelemetry
 from kvtide.text import Tokenizer
 from kvtide.types import Request
@@ -73,14 +74,6 @@ def filler_tokens(tokenizer: Tokenizer) -> tuple[list[int], list[str]]:
         ids = list(range(min(16, tokenizer.vocab_size)))
         texts = [tokenizer.decode([i]) for i in ids]
     return ids, texts
-
-
-def salt_seed(model: str, cache_salt: str | None) -> int:
-    """The hash namespace of a request: the served model and vLLM's ``cache_salt``, so that two
-    salts never share a block (the salt is the client's, as in vLLM; a gateway sets it per
-    tenant server-side)."""
-    salt = b"" if cache_salt is None else b"cache_salt:" + cache_salt.encode()
-    return Namespace(model=model, tenant_salt=salt).seed
 
 
 class EmulatedEngine:
@@ -140,7 +133,7 @@ class EmulatedEngine:
     def hashes_for(self, token_ids: Sequence[int], cache_salt: str | None) -> BlockHashes:
         seed = self._seeds.get(cache_salt)
         if seed is None:
-            seed = self._seeds[cache_salt] = salt_seed(self.model_name, cache_salt)
+            seed = self._seeds[cache_salt] = cache_salt_seed(self.model_name, cache_salt)
         return hash_tokens(np.asarray(token_ids, dtype=np.int64), self.block_tokens, seed)
 
     def submit(

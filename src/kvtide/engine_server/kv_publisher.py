@@ -142,6 +142,7 @@ class EnginePublisher:
                 token_ids=e.token_ids,
                 block_size=e.block_size,
                 medium=e.medium,
+                cache_salt=e.cache_salt,
             )
         if isinstance(e, EngineBlockRemoved):
             return EngineBlockRemoved(tuple(_signed(h) for h in e.block_hashes), e.medium)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 from kvtide.clock import WallClock
 from kvtide.core.hashing import Namespace
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
-from kvtide.engine_server.engine_loop import salt_seed
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.engine_server.stream import RequestStream
 from kvtide.errors import CapacityError, ConfigError
+from kvtide.routing.identity import cache_salt_seed
 from kvtide.tensors.gguf_loader import load_gguf
 from kvtide.tensors.model import LlamaModel
 from kvtide.tensors.runner import PagedRunner, PrefillStats
@@ -172,7 +172,7 @@ class RealModelEngine:
         """Runs in the worker thread; tokens reach the stream through the event loop."""
         runner = self.runner
         # The runner hashes prompts with its namespace seed: a salted request gets its own.
-        runner.seed = salt_seed(self.model_name, job.salt) if job.salt else self._seed
+        runner.seed = cache_salt_seed(self.model_name, job.salt) if job.salt else self._seed
         stream = job.stream
 
         def prefilled(stats: PrefillStats) -> None:

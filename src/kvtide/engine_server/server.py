@@ -140,7 +140,7 @@ def bind_publisher(config: ServerConfig) -> KvEventPublisher:
     endpoint = f"tcp://{config.host}:{port if port else '*'}"
     replay_endpoint = f"tcp://{config.host}:{replay if replay else '*'}"
     try:
-        return KvEventPublisher(endpoint, replay_endpoint)
+        return KvEventPublisher(endpoint, replay_endpoint, dialect=config.kv_events_format)
     except zmq.ZMQError as exc:
         raise ConfigError(f"--kv-events-port: cannot bind {endpoint}: {exc}") from exc
 

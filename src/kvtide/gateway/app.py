@@ -113,7 +113,18 @@ class Gateway:
         self.router = Router(build_policy(self._policy_spec(), self.ctx), [])
         for r in self.replicas:
             self.router.add_replica(r.state)
-        secret = config.tenant_secret.encode() if config.tenant_secret else secrets.token_bytes(32)
+        if config.tenant_secret:
+            secret = config.tenant_secret.encode()
+        else:
+            secret = secrets.token_bytes(32)
+            if config.state != "local":
+                # each replica would salt its tenants differently: the engines' hash namespaces
+                # (and so their caches) would not be shared between gateway replicas
+                log.warning(
+                    "--state %s without --tenant-secret: this replica's tenant salts are its "
+                    "own; give every gateway replica the same --tenant-secret to share cache",
+                    config.state,
+                )
         self.tenants = TenantTable(secret, config.limits, self.clock)
         self.tenants.load(config.api_keys)
         self._admin_key = config.admin_key
@@ -126,7 +137,10 @@ class Gateway:
         self.shared: SharedState | None = None
         if config.state != "local":
             self.shared = SharedState(
-                config.state, config.state_prefix, on_resync=self._resync_intake
+                config.state,
+                config.state_prefix,
+                on_resync=self._resync_intake,
+                shadow_ttl_s=None if self.prompts.is_exact else SHADOW_TTL_S,
             )
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
@@ -182,6 +196,8 @@ class Gateway:
             self.metrics.predicted_cached.inc(decision.cached_tokens)
         if self.shadow is not None:
             self.shadow.record(decision.replica, route.block_hashes)
+            if self.shared is not None:
+                self.shared.record(decision.replica, route.block_hashes)
         return replica, decision
 
     # --- replicas ------------------------------------------------------------------------
@@ -313,7 +329,7 @@ class Gateway:
             body["cache_salt"] = tenant.salt
         route = self.route_request(prompt, tenant, max_tokens)
         assert self.proxy is not None, "the app's lifespan has not started"
-        if self.shared is not None and self.prompts.is_exact:
+        if self.shared is not None:
             match = await self.shared.match(prompt.hashes)
             if match is not None:
                 route = dataclasses.replace(route, prefix_match=match)
@@ -434,6 +450,8 @@ class Gateway:
                 if self.shared is not None:
                     await self._maintain_shared()
                     loops.append(tg.create_task(_every(1.0, self._maintain_shared)))
+                    if self.shared.shadow:
+                        loops.append(tg.create_task(self.shared.write_decisions()))
                 yield
                 for task in [*loops, *self.intake_tasks.values()]:
                     task.cancel()

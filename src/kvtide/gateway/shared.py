@@ -7,6 +7,11 @@ each engine has one intake. Routing asks Redis for the prefix match with a short
 hands it to the policy in ``RouteRequest.prefix_match``. Each gateway publishes its requests in
 flight per engine, and counts the others' in the engine's load.
 
+Text mode (no tokenizer, so no engine events to learn from) shares the gateway replicas' own
+decisions instead: each decision's chunk hashes are written, batched in the background, into a
+shadow index of their own under ``PREFIX:shadow`` with the shadow's time to live, and routing asks
+it as it asks the event-fed one. Every gateway thus routes on what all of them placed.
+
 When Redis does not answer the gateway is degraded: it routes on its local index, says so in
 ``/ready`` and ``kvtide_gateway_state_degraded``, and when Redis answers again every engine it
 holds the lease of is resynced (its events replayed from the engine's buffer into both indexes).
@@ -21,7 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import redis.asyncio
 
-from kvtide.core.events import AllBlocksCleared, KVEvent
+from kvtide.core.events import AllBlocksCleared, BlockStored, KVEvent
+from kvtide.core.hashing import BlockHashes
 from kvtide.errors import StateStoreError
 from kvtide.routing.index import PrefixMatch
 from kvtide.state.redis_store import AsyncRedisIndexStore
@@ -40,11 +46,20 @@ class SharedState:
         prefix: str,
         timeout_s: float = 0.25,
         on_resync: Callable[[ReplicaId], None] = lambda replica: None,
+        shadow_ttl_s: float | None = None,
     ) -> None:
         self.client = redis.asyncio.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self.store = AsyncRedisIndexStore(self.client, prefix=prefix)
+        # text mode: the shared index holds the gateways' decisions, not the engines' events
+        self.shadow = shadow_ttl_s is not None
+        if shadow_ttl_s is not None:
+            self.store = AsyncRedisIndexStore(
+                self.client, prefix=f"{prefix}:shadow", ttl_s=shadow_ttl_s
+            )
+        self._pending: dict[ReplicaId, dict[BlockHash, None]] = {}
+        self._wake: asyncio.Event | None = None
         self.prefix = prefix
         self.timeout_s = timeout_s
         self.gateway_id = uuid.uuid4().hex[:12]
@@ -81,6 +96,35 @@ class SharedState:
             await asyncio.wait_for(self.store.apply_all(replica, events), 4 * self.timeout_s)
         except (StateStoreError, TimeoutError, OSError) as exc:
             self._failed(exc)
+
+    def record(self, replica: ReplicaId, hashes: BlockHashes) -> None:
+        """Text mode: a decision to share (written by ``write_decisions``, never on the request's
+        path). Batched per replica; a hot prefix routed many times in a batch is written once."""
+        pending = self._pending.setdefault(replica, {})
+        pending.update(dict.fromkeys(hashes.tolist()))
+        if self._wake is not None:
+            self._wake.set()
+
+    async def write_decisions(self) -> None:
+        """Runs for the gateway's lifetime (text mode): writes the recorded decisions."""
+        self._wake = asyncio.Event()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, {}
+            if self.degraded:
+                continue  # the local shadow has them; Redis learns the next ones
+            events = {
+                replica: [BlockStored(tuple(hashes), None, None, 0)]
+                for replica, hashes in batch.items()
+            }
+            try:
+                for replica, stored in events.items():
+                    await asyncio.wait_for(
+                        self.store.apply_all(replica, stored), 4 * self.timeout_s
+                    )
+            except (StateStoreError, TimeoutError, OSError) as exc:
+                self._failed(exc)
 
     async def maintain(self, in_flight: dict[ReplicaId, int]) -> None:
         """One round: health, leases, load counters; a recovery resyncs the leased engines."""

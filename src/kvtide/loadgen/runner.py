@@ -28,6 +28,9 @@ APIS = ("chat", "completions")
 class LoadConfig:
     url: str
     """Base URL of an OpenAI-compatible server (``/v1`` optional)."""
+    more_urls: tuple[str, ...] = ()
+    """Further base URLs (gateway replicas): request ``i`` of the plan goes to URL ``i mod n``
+    of ``(url, *more_urls)``, a client-side round robin."""
     api: str = "chat"
     model: str | None = None
     api_key: str | None = None
@@ -44,12 +47,21 @@ class LoadConfig:
 
     @property
     def base_url(self) -> str:
-        base = self.url.rstrip("/")
-        return base[: -len("/v1")] if base.endswith("/v1") else base
+        return _base(self.url)
 
     @property
     def endpoint(self) -> str:
-        return f"{self.base_url}/v1/{'chat/completions' if self.api == 'chat' else 'completions'}"
+        return self.endpoints[0]
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        path = "chat/completions" if self.api == "chat" else "completions"
+        return tuple(f"{_base(url)}/v1/{path}" for url in (self.url, *self.more_urls))
+
+
+def _base(url: str) -> str:
+    base = url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
 def schedule(requests: Iterable[Request], config: LoadConfig) -> list[tuple[float, Request]]:
@@ -177,7 +189,9 @@ async def run_load(
         model = config.model or await discover_model(session, config)
         start = clock.now()
 
-        async def one(at: float, request: Request, prompt: Prompt) -> None:
+        endpoints = config.endpoints
+
+        async def one(at: float, request: Request, prompt: Prompt, target: int) -> None:
             body = payload(config, model, prompt, request)
             nonlocal not_sent
             if limit is not None:
@@ -187,22 +201,24 @@ async def run_load(
                 if config.duration_s is not None and sent > config.duration_s:
                     not_sent += 1  # queued behind the cap until the run's time was up
                     return
-                out = await stream(session, config.endpoint, body, headers, config.timeout_s)
+                out = await stream(session, endpoints[target], body, headers, config.timeout_s)
             finally:
                 if limit is not None:
                     limit.release()
             result = row(request, prompt, at, sent, out, count_tokens)
+            if len(endpoints) > 1:
+                result["target"] = target
             rows.append(result)
             if on_done is not None:
                 on_done(result)
 
         async with asyncio.TaskGroup() as group:
-            for at, request in plan:
+            for i, (at, request) in enumerate(plan):
                 prompt = builder.build(request)  # in arrival order: sessions build up in order
                 delay = at - (clock.now() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                group.create_task(one(at, request, prompt))
+                group.create_task(one(at, request, prompt, i % len(endpoints)))
         duration = clock.now() - start
     rows.sort(key=lambda r: (r["scheduled_s"], r["sent_s"]))
     return {
@@ -211,6 +227,7 @@ async def run_load(
             "api_key": None if config.api_key is None else "(given)",  # never the secret itself
             "model": model,
             "endpoint": config.endpoint,
+            "endpoints": list(config.endpoints),
         },
         "workload": workload.description,
         "summary": {**summarize(rows, duration, config.slo), "not_sent": not_sent},

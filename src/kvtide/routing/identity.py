@@ -22,6 +22,14 @@ def namespace_seed(
     return Namespace(model=model, tenant_salt=tenant_salt, lora=lora).seed
 
 
+def cache_salt_seed(model: str, cache_salt: str | None) -> int:
+    """An engine's namespace for a request carrying vLLM's ``cache_salt``: two salts never
+    share a block. The salt is whatever the client sent (as in vLLM); the gateway replaces it
+    with a secret per tenant, so it never reaches an engine from a client."""
+    salt = b"" if cache_salt is None else b"cache_salt:" + cache_salt.encode()
+    return namespace_seed(model, salt)
+
+
 class RequestHasher:
     """A ``Request``'s full-block hashes at ``block_tokens`` tokens per block.
 

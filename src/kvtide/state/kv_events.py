@@ -20,6 +20,7 @@ from kvtide.core.events import KVEvent
 from kvtide.routing.ingest import Gap, SequencedIngest
 from kvtide.state.kv_translate import to_engine_events
 from kvtide.state.kv_wire import (
+    Dialect,
     EngineEventBatch,
     KvEventFormatError,
     decode_batch,
@@ -46,11 +47,13 @@ class KvEventPublisher:
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
         legacy_arrays: bool = False,
+        dialect: Dialect = "vllm",
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self._topic = topic.encode()
         self._legacy = legacy_arrays
+        self._dialect: Dialect = dialect
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
         self.bound_replay_endpoint: str | None = None
@@ -81,7 +84,7 @@ class KvEventPublisher:
     def publish(self, batch: EngineEventBatch, *, drop: bool = False) -> int:
         """Sends one batch and returns its sequence number. ``drop`` numbers and buffers it
         without sending (a lost message, for fault-injection tests)."""
-        payload = encode_batch(batch, legacy_arrays=self._legacy)
+        payload = encode_batch(batch, legacy_arrays=self._legacy, dialect=self._dialect)
         with self._lock:
             seq = self._seq
             self._seq += 1

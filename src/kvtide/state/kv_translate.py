@@ -34,6 +34,7 @@ from kvtide.state.kv_wire import (
 from kvtide.types import BlockHash, ReplicaId
 
 SeedFor = Callable[[EngineBlockStored], int]
+_Mapped = tuple[BlockHash, int, int]
 """The namespace seed of a stored run (e.g. from its ``lora_name`` / ``cache_salt``)."""
 
 
@@ -63,7 +64,10 @@ class EventTranslator:
     def __init__(self, block_tokens: int, seed: int | SeedFor) -> None:
         self.block_tokens = block_tokens
         self._seed_for: SeedFor = seed if callable(seed) else _ConstantSeed(seed)
-        self._maps: dict[ReplicaId, dict[EngineHash, tuple[BlockHash, int]]] = {}
+        # engine hash -> (kvtide hash, tier bits, namespace seed it was hashed in): a
+        # continuation is hashed in its parent's namespace (vLLM sends a request's salt in its
+        # first block's extra keys only, so a later run under that parent carries none)
+        self._maps: dict[ReplicaId, dict[EngineHash, _Mapped]] = {}
         self.counters = TranslateCounters()
 
     def num_mapped(self, replica: ReplicaId) -> int:
@@ -89,9 +93,7 @@ class EventTranslator:
                 out.append(AllBlocksCleared())
         return out
 
-    def _stored(
-        self, m: dict[EngineHash, tuple[BlockHash, int]], e: EngineBlockStored
-    ) -> BlockStored | None:
+    def _stored(self, m: dict[EngineHash, _Mapped], e: EngineBlockStored) -> BlockStored | None:
         c = self.counters
         bt = self.block_tokens
         if e.block_size != bt:
@@ -106,19 +108,19 @@ class EventTranslator:
             if known is None:
                 c.unresolved_stores += 1
                 return None
-            parent = known[0]
-        ours = hash_tokens(e.token_ids, bt, self._seed_for(e), parent).tolist()
+            parent, seed = known[0], known[2]
+        else:
+            seed = self._seed_for(e)
+        ours = hash_tokens(e.token_ids, bt, seed, parent).tolist()
         tier = medium_tier(e.medium)
         bit = 1 << tier
         for theirs, h in zip(e.block_hashes, ours, strict=True):
             prev = m.get(theirs)
-            m[theirs] = (h, bit | (prev[1] if prev is not None else 0))
+            m[theirs] = (h, bit | (prev[1] if prev is not None else 0), seed)
         c.stored_blocks += len(ours)
         return BlockStored(tuple(ours), parent, None, bt, tier, e.lora_name)
 
-    def _removed(
-        self, m: dict[EngineHash, tuple[BlockHash, int]], e: EngineBlockRemoved
-    ) -> BlockRemoved | None:
+    def _removed(self, m: dict[EngineHash, _Mapped], e: EngineBlockRemoved) -> BlockRemoved | None:
         tier = medium_tier(e.medium)
         bit = 1 << tier
         ours: list[BlockHash] = []
@@ -129,7 +131,7 @@ class EventTranslator:
                 continue
             left = known[1] & ~bit
             if left:
-                m[theirs] = (known[0], left)
+                m[theirs] = (known[0], left, known[2])
             else:
                 del m[theirs]
             ours.append(known[0])

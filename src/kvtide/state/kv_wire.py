@@ -9,6 +9,10 @@ sglang/srt/disaggregation/kv_events.py, SGLang 0.5.23):
 - block hashes are ints (SGLang: signed int64; vLLM with int hashes: uint64) or bytes (vLLM's
   default sha256 digests);
 - ``medium``: "GPU"; "CPU" (vLLM) / "CPU_PINNED" (SGLang); "STORAGE" / "DISK"; "EXTERNAL".
+- a request's ``cache_salt``: SGLang sends a ``cache_salt`` field; vLLM puts it in
+  ``extra_keys``, one untagged tuple per block (``(lora_name?, (mm_id, offset)..., salt?,
+  embeds digest?)``), the salt only in the request's first block (the chain carries it on).
+  vLLM's ``BlockStored.lora_name`` has no default, so vLLM always sends it, ``nil`` included.
 On the socket each batch is a multipart message ``(topic, seq as 8-byte big-endian, payload)``.
 """
 
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 
@@ -24,6 +28,8 @@ from kvtide.errors import KvtideError
 from kvtide.types import Tier
 
 EngineHash = int | bytes
+Dialect = Literal["vllm", "sglang"]
+"""Whose field names a publisher writes (decoding reads both)."""
 
 
 class KvEventFormatError(KvtideError):
@@ -131,7 +137,8 @@ def _decode_event(raw: Any) -> EngineEvent:
                 lora_id=fields.get("lora_id"),
                 medium=fields.get("medium"),
                 lora_name=fields.get("lora_name"),
-                cache_salt=fields.get("cache_salt"),
+                cache_salt=fields.get("cache_salt")
+                or _salt_of(fields.get("extra_keys"), fields.get("lora_name")),
             )
         if tag == "BlockRemoved":
             return EngineBlockRemoved(
@@ -143,6 +150,20 @@ def _decode_event(raw: Any) -> EngineEvent:
     except (KeyError, TypeError, ValueError) as exc:
         raise KvEventFormatError(f"bad {tag} event: {exc!r}") from exc
     raise KvEventFormatError(f"unknown event type {tag!r}")
+
+
+def _salt_of(extra_keys: Any, lora_name: str | None) -> str | None:
+    """vLLM's cache_salt from the first block's extra keys: its first bare string after the
+    LoRA name (multimodal keys are pairs, prompt-embeds digests bytes)."""
+    if not isinstance(extra_keys, list) or not extra_keys:
+        return None
+    first = extra_keys[0]
+    if not isinstance(first, list | tuple):
+        return None
+    strings = [k for k in first if isinstance(k, str)]
+    if lora_name is not None and strings and strings[0] == lora_name:
+        strings = strings[1:]
+    return strings[0] if strings else None
 
 
 def _hash(h: Any) -> EngineHash:
@@ -158,9 +179,12 @@ def _opt_hash(h: Any) -> EngineHash | None:
 # --- encoding ---------------------------------------------------------------------------
 
 
-def encode_batch(batch: EngineEventBatch, *, legacy_arrays: bool = False) -> bytes:
-    """The batch as an engine would publish it (tagged maps; ``legacy_arrays``: old vLLM)."""
-    events = [_encode_event(e, legacy_arrays) for e in batch.events]
+def encode_batch(
+    batch: EngineEventBatch, *, legacy_arrays: bool = False, dialect: Dialect = "vllm"
+) -> bytes:
+    """The batch as an engine would publish it (tagged maps; ``legacy_arrays``: old vLLM),
+    with ``dialect``'s field names for what the two engines spell differently."""
+    events = [_encode_event(e, legacy_arrays, dialect) for e in batch.events]
     body: list[Any] = [batch.ts, events]
     if batch.data_parallel_rank is not None:
         body.append(batch.data_parallel_rank)
@@ -168,7 +192,7 @@ def encode_batch(batch: EngineEventBatch, *, legacy_arrays: bool = False) -> byt
     return out
 
 
-def _encode_event(e: EngineEvent, legacy: bool) -> Any:
+def _encode_event(e: EngineEvent, legacy: bool, dialect: Dialect) -> Any:
     if isinstance(e, EngineBlockStored):
         if legacy:
             return [
@@ -189,10 +213,16 @@ def _encode_event(e: EngineEvent, legacy: bool) -> Any:
             "lora_id": e.lora_id,
             "medium": e.medium,
         }
-        if e.lora_name is not None:
-            m["lora_name"] = e.lora_name
-        if e.cache_salt is not None:
-            m["cache_salt"] = e.cache_salt
+        if dialect == "sglang":
+            if e.lora_name is not None:
+                m["lora_name"] = e.lora_name
+            if e.cache_salt is not None:
+                m["cache_salt"] = e.cache_salt
+            return m
+        m["lora_name"] = e.lora_name  # required by vLLM's class: sent even when nil
+        if e.cache_salt is not None and e.parent_block_hash is None:
+            first = (*(() if e.lora_name is None else (e.lora_name,)), e.cache_salt)
+            m["extra_keys"] = [first, *([None] * (len(e.block_hashes) - 1))]
         return m
     if isinstance(e, EngineBlockRemoved):
         if legacy:

@@ -108,6 +108,34 @@ def test_two_gateways_share_one_index_through_redis(engines: list[Engine]) -> No
             client.delete(key)
 
 
+def test_text_mode_gateways_share_their_decisions_through_redis(engines: list[Engine]) -> None:
+    """No tokenizer, so no engine events: the second gateway learns where the first put a
+    prefix only from the shadow index the first writes into Redis."""
+    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
+    shared = ["--state", "redis://127.0.0.1:6379/0", "--state-prefix", prefix,
+              "--tenant-secret", "one-deployment"]  # fmt: skip
+    blind = [a for e in engines for a in ("--replica", f"{e.url}=emu")]
+    p1, p2 = free_port(), free_port()
+    g1, g2 = gateway(p1, *blind, *shared), gateway(p2, *blind, *shared)
+    u1, u2 = f"http://127.0.0.1:{p1}", f"http://127.0.0.1:{p2}"
+    try:
+        assert _chat(u1, "Parcel 7 goes where?") == 0
+        _wait(lambda: any(client.scan_iter(f"{prefix}:shadow:blk:*")))
+        assert _chat(u2, "Parcel 8 goes where?") > 0  # the same engine, so its cache
+        assert _metric_sum(u2, "kvtide_gateway_route_decisions_total", 'reason="affinity"') == 1
+        assert _metric_sum(u2, "kvtide_gateway_predicted_cached_tokens_total") > 0
+    finally:
+        g1.stop()
+        g2.stop()
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+
+
 def _redis_server(port: int) -> subprocess.Popen[bytes]:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (a private Redis to stop mid-run)")

@@ -97,3 +97,23 @@ def test_the_tier_study_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) ->
     assert main(["study", "tiers", "--host-multiples", "-1", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("kvtide: error:") for line in err)
+
+
+def test_a_time_scale_replaces_the_commands_default_load() -> None:
+    """`study coordinator` defaults to a load; a time scale the user gives takes its place,
+    both given is the one-line error, and simulate's built-in default load gives way too."""
+    from kvtide.cli import build_parser
+    from kvtide.cli.simulate import scenario_from_args
+    from kvtide.errors import ConfigError
+
+    parser = build_parser()
+    study = parser.parse_args(["study", "coordinator", "--time-scale", "2"])
+    scenario = scenario_from_args(study.__class__(**{**vars(study), "workload": "builtin:chat"}))
+    assert (scenario.load, scenario.time_scale) == (None, 2.0)
+    both = parser.parse_args(["study", "coordinator", "--time-scale", "2", "--load", "0.5"])
+    with pytest.raises(ConfigError, match="--load and --time-scale"):
+        scenario_from_args(both.__class__(**{**vars(both), "workload": "builtin:chat"}))
+    plain = parser.parse_args(["simulate", "--workload", "builtin:chat", "--time-scale", "1"])
+    assert scenario_from_args(plain).load is None  # the pace the user asked for: the trace's
+    default = parser.parse_args(["simulate", "--workload", "builtin:chat"])
+    assert scenario_from_args(default).load is not None

@@ -18,7 +18,7 @@ from kvtide.loadgen import LoadConfig, Slo, schedule, summarize
 from kvtide.text import Tokenizer
 from kvtide.workloads import open_workload
 
-from .sse_server import ITL_S, TTFT_S, Server
+from .sse_server import ITL_S, TTFT_S, Server, serving
 
 pytestmark = pytest.mark.slow
 
@@ -189,6 +189,28 @@ def test_api_key_is_sent_and_never_written(tmp_path: Path, server: Server) -> No
     assert report["config"]["api_key"] == "(given)"
     assert "sk-secret-1" not in (tmp_path / "load.json").read_text()
     assert server.auth == ["Bearer sk-secret-1"] * 3  # /v1/models and both requests
+
+
+def test_repeated_url_is_a_round_robin(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    spec = (
+        "builtin:chat:sessions=4,turns=3,duration_s=2,think_s=0.2,user_tokens=20,system_tokens=40"
+    )
+    planned = len(schedule(open_workload(spec), LoadConfig(url="http://x")))
+    assert planned >= 4
+    with serving(tokenizer) as first, serving(tokenizer) as second:
+        report = run_json(
+            tmp_path, "--url", f"http://127.0.0.1:{first.port}",
+            "--url", f"http://127.0.0.1:{second.port}/v1", "--workload", spec,
+        )  # fmt: skip
+    rows = report["requests"]
+    assert len(rows) == planned and report["summary"]["failed"] == 0
+    # request i of the plan went to URL i mod 2 (rows are sorted by schedule, as the plan)
+    assert [r["target"] for r in rows] == [i % 2 for i in range(planned)]
+    assert (len(first.bodies), len(second.bodies)) == ((planned + 1) // 2, planned // 2)
+    assert report["config"]["endpoints"] == [
+        f"http://127.0.0.1:{first.port}/v1/chat/completions",
+        f"http://127.0.0.1:{second.port}/v1/chat/completions",
+    ]
 
 
 @pytest.mark.parametrize(

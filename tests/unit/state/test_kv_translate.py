@@ -84,3 +84,15 @@ def test_native_events_round_trip() -> None:
         AllBlocksCleared(),
     ]
     assert from_native_events(to_engine_events(events)) == events
+
+
+def test_a_continuation_without_its_salt_is_hashed_in_its_parents_namespace() -> None:
+    """As vLLM sends it: the salt on the request's first run only."""
+    seeds = {None: 1, "a": 2}
+    t = EventTranslator(16, lambda e: seeds[e.cache_salt])
+    root = EngineBlockStored((-1, -2), None, TOKS[:32], 16, None, "GPU", None, "a")
+    child = EngineBlockStored((-3,), -2, TOKS[32:48], 16, None, "GPU", None, None)
+    out = t.translate(R, [root, child])
+    salted = hash_tokens(TOKS[:48], 16, 2).tolist()
+    assert [h for e in out for h in e.block_hashes] == salted  # type: ignore[union-attr]
+    assert salted[:3] != OURS[:3]

@@ -99,3 +99,39 @@ def test_media_and_sequence_numbers() -> None:
     ]
     assert seq_bytes(5) == (5).to_bytes(8, "big")
     assert seq_from_bytes(seq_bytes(-1)) == -1
+
+
+def test_vllm_sends_the_salt_in_the_first_blocks_extra_keys() -> None:
+    """vLLM 0.33: untagged per-block extra keys, the salt after the LoRA name, first block only."""
+    payload = msgpack.packb(
+        [1.0, [
+            {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+             "token_ids": list(range(32)), "block_size": 16, "lora_id": None, "medium": "GPU",
+             "lora_name": None, "extra_keys": [["tenant-a"], None]},
+            {"type": "BlockStored", "block_hashes": [3], "parent_block_hash": None,
+             "token_ids": list(range(16)), "block_size": 16, "lora_id": 1, "medium": "GPU",
+             "lora_name": "sql", "extra_keys": [["sql", ["img", 0], "tenant-b"]]},
+            {"type": "BlockStored", "block_hashes": [4], "parent_block_hash": 3,
+             "token_ids": list(range(16)), "block_size": 16, "lora_id": 1, "medium": "GPU",
+             "lora_name": "sql", "extra_keys": [["sql"]]},
+        ]]
+    )  # fmt: skip
+    salts = [e.cache_salt for e in decode_batch(payload).events]  # type: ignore[union-attr]
+    assert salts == ["tenant-a", "tenant-b", None]
+
+
+def test_each_dialect_spells_the_salt_as_its_engine_does() -> None:
+    root = EngineBlockStored((1, 2), None, tuple(range(32)), 16, None, "GPU", None, "s1")
+    child = EngineBlockStored((3,), 2, tuple(range(16)), 16, None, "GPU", None, "s1")
+    batch = EngineEventBatch(1.0, (root, child))
+    vllm = msgpack.unpackb(encode_batch(batch, dialect="vllm"))[1]
+    assert vllm[0]["extra_keys"] == [["s1"], None] and "cache_salt" not in vllm[0]
+    assert "extra_keys" not in vllm[1]  # the chain carries the salt on
+    assert vllm[0]["lora_name"] is None  # vLLM's class requires the field
+    sglang = msgpack.unpackb(encode_batch(batch, dialect="sglang"))[1]
+    assert [e["cache_salt"] for e in sglang] == ["s1", "s1"]
+    assert [e.cache_salt for e in decode_batch(encode_batch(batch, dialect="sglang")).events] == [  # type: ignore[union-attr]
+        "s1",
+        "s1",
+    ]
+    assert [e.cache_salt for e in decode_batch(encode_batch(batch)).events] == ["s1", None]  # type: ignore[union-attr]
