@@ -57,16 +57,18 @@ def test_block_stored_carries_token_ids_and_salt() -> None:
     assert first.block_hashes == tuple(hashes[:2]) and first.parent_block_hash is None
     assert first.token_ids == tuple(range(100, 108)) and first.cache_salt == "salty"
     assert second.parent_block_hash == hashes[1] and second.token_ids == (108, 109, 110, 111)
+    assert second.cache_salt is None  # as vLLM: the salt is in the request's first block only
 
 
-def test_sglang_shape_signs_hashes_and_drops_vllm_fields() -> None:
+def test_sglang_shape_signs_hashes_and_keeps_its_salt_field() -> None:
     events, hashes = _received("sglang")
     first = events[0]
     assert isinstance(first, EngineBlockStored)
     signed = [h - (1 << 64) if h >= 1 << 63 else h for h in hashes[:2]]
     assert list(first.block_hashes) == signed
     assert all(-(1 << 63) <= h < 1 << 63 for h in first.block_hashes)  # type: ignore[operator]
-    assert first.cache_salt is None and first.token_ids == tuple(range(100, 108))
+    assert first.cache_salt == "salty" and first.token_ids == tuple(range(100, 108))
+    assert events[1].cache_salt == "salty"  # type: ignore[union-attr]  # SGLang: every store
 
 
 def test_holds_keep_tokens_while_a_request_or_a_tier_holds_the_block() -> None:
