@@ -42,7 +42,7 @@ SUMMARIES = {
     "pool_undersized": (
         "KV pool undersized on {{ $labels.%s }}: evicted-then-wanted tokens rose by "
         "{{ $value | humanizePercentage }} of the prefill work over the %s baseline while "
-        "eviction velocity rose and arrivals stayed steady"
+        "eviction velocity rose and arrivals and prompt tokens stayed steady"
     ),
     "cold_start": (
         "Cold start on {{ $labels.%s }}: {{ $value | humanizePercentage }} of missed tokens "
@@ -113,6 +113,8 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
         "kvtide:cache_evictions:warm": q.agg(f"increase({evicted}[{f}] offset {s})"),
         "kvtide:cache_lookups_per_s:fast": f"{q.inc(lookups, True)} / {c.fast_s:g}",
         "kvtide:cache_lookups_per_s:slow": f"{q.inc(lookups, False)} / {c.slow_s:g}",
+        "kvtide:cache_prompt_tokens_per_s:fast": f"{q.inc(prompt, True)} / {c.fast_s:g}",
+        "kvtide:cache_prompt_tokens_per_s:slow": f"{q.inc(prompt, False)} / {c.slow_s:g}",
         "kvtide:cache_cold_share:fast": (
             f"{q.inc(cold, True)} / ({q.inc(cold, True)} + {q.inc(regret, True)})"
         ),
@@ -123,8 +125,14 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     }
     steady = (
         "abs(kvtide:cache_lookups_per_s:fast / kvtide:cache_lookups_per_s:slow - 1)"
-        f" <= {c.steady_tolerance:g}"
+        f" <= {c.steady_tolerance:g}\nand abs(kvtide:cache_prompt_tokens_per_s:fast / "
+        f"kvtide:cache_prompt_tokens_per_s:slow - 1) <= {c.steady_tolerance:g}"
     )
+    # Hysteresis: while the alert fired at the previous evaluation (its ALERTS series; a
+    # resolved alert's series is marked stale), the lower clearing threshold holds it.
+    on = f"on ({', '.join(by)}) "
+    firing = f'ALERTS{{alertname="{ALERT_NAMES["pool_undersized"]}", alertstate="firing"}}'
+    rise = "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
     rising = (
         f"kvtide:cache_evictions_per_s:fast >= {c.evict_factor:g} * "
         "kvtide:cache_evictions_per_s:slow and kvtide:cache_evictions_per_s:fast > 0"
@@ -133,12 +141,14 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     private_slow = f"avg_over_time(kvtide:cache_private_blocks[{s}] offset {f})"
     exprs = {
         "pool_undersized": (
-            "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
-            f" >= {c.min_regret_rise:g}\n"
-            f"and kvtide:cache_regret_ratio:fast >= {c.regret_factor:g} * "
+            f"(\n  {rise} >= {c.min_regret_rise:g}\n"
+            f"  and kvtide:cache_regret_ratio:fast >= {c.regret_factor:g} * "
             "kvtide:cache_regret_ratio:slow\n"
-            f"and {rising}\nand {steady}\n"
-            "and kvtide:cache_evictions:warm > 0"
+            f"  and {rising}\n  and {steady.replace(chr(10), chr(10) + '  ')}\n"
+            "  and kvtide:cache_evictions:warm > 0\n)\nor (\n"
+            f"  {rise} >= {c.clear_regret_rise:g}\n"
+            "  and kvtide:cache_evictions:warm > 0\n"
+            f"  and {on}{firing}\n)"
         ),
         "cold_start": (
             f"kvtide:cache_cold_share:fast >= {c.max_cold_share:g}\n"
@@ -199,6 +209,17 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         evicted = 40.0 if i >= warm_at else 20.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
+    def wavering(i: int) -> tuple[float, float, float, float, float, float, float]:
+        # The regret ratio climbs fast (0.6 points a minute: the alert fires), then slowly
+        # (0.225 a minute: 2.25 points over the baseline, below the firing threshold and above
+        # the clearing one): with hysteresis the alert holds through the slow climb.
+        late = i - warm_at
+        fast = min(max(late, 0), 10 * per_min)
+        slow = max(late - 10 * per_min, 0)
+        regret = 100.0 + 30.0 / per_min * fast + 11.25 / per_min * slow
+        evicted = 20.0 if late < 0 else 40.0
+        return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
+
     def cold_start(i: int) -> tuple[float, float, float, float, float, float, float]:
         filling = i < 10 * per_min  # ten minutes of first uses, then a warm steady pool
         cold = 5_000.0 if filling else 50.0
@@ -216,6 +237,7 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
     n = warm_at + int(c.slow_s / c.interval_s)
     return [
         Scenario("undersized", n, undersized),
+        Scenario("wavering", n + int(c.slow_s / c.interval_s), wavering),
         Scenario("cold_start", n, cold_start),
         Scenario("steady", n, steady),
         Scenario("fragmented", n, fragmented),
