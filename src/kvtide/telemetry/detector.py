@@ -18,7 +18,12 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
   that an operator does not mistake a warming fleet for a small one.
 * **fragmentation**: eviction velocity did not fall with steady arrivals while the blocks held
   outside the prefix cache (partial last blocks, generated tokens, slots reserved ahead: used
-  minus cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool.
+  minus cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool; it
+  does not start while pool_undersized fires (a pool too small queues requests, and their
+  reserved prompt room grows the private blocks as a consequence).
+
+pool_undersized has hysteresis: once firing it holds while the regret ratio stays
+``clear_regret_rise`` over its baseline (and the pool warm), so one episode is one alert.
 
 Why the regret ratio is over the prefill work, and ``min_regret_rise`` = 3 % of it: a regretted
 token is recomputed, so the rise is the fraction by which the prefill work grew; with a high hit
@@ -318,13 +323,17 @@ class EarlyWarning:
                 f"evicted-then-wanted tokens are {_pct(g.regret_fast)} of the prefill work"
             )
         private_share = _ratio(g.private_fast, g.capacity_blocks)
-        if (
+        grown = (
             g.is_warm
             and steady
             and evict_rising
             and g.private_fast >= c.private_factor * g.private_slow
             and private_share >= c.min_private_share
-        ):
+        )
+        # A pool already flagged undersized queues requests, whose reserved prompt room then
+        # grows the private blocks too: that is its consequence, not a second diagnosis. So
+        # fragmentation does not start while pool_undersized fires (once firing, it holds).
+        if grown and ("pool_undersized" not in firing or "fragmentation" in firing):
             out["fragmentation"] = (
                 f"fragmentation: blocks held outside the prefix cache average "
                 f"{g.private_fast:,.0f} ({_pct(private_share, 0)} of the pool) over the last "

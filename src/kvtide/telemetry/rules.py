@@ -128,17 +128,24 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
         f" <= {c.steady_tolerance:g}\nand abs(kvtide:cache_prompt_tokens_per_s:fast / "
         f"kvtide:cache_prompt_tokens_per_s:slow - 1) <= {c.steady_tolerance:g}"
     )
-    # Hysteresis: while the alert fired at the previous evaluation (its ALERTS series; a
-    # resolved alert's series is marked stale), the lower clearing threshold holds it.
-    on = f"on ({', '.join(by)}) "
-    firing = f'ALERTS{{alertname="{ALERT_NAMES["pool_undersized"]}", alertstate="firing"}}'
-    rise = "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
     rising = (
         f"kvtide:cache_evictions_per_s:fast >= {c.evict_factor:g} * "
         "kvtide:cache_evictions_per_s:slow and kvtide:cache_evictions_per_s:fast > 0"
     )
+    # Hysteresis: while the alert fired at the previous evaluation (its ALERTS series; a
+    # resolved alert's series is marked stale), the lower clearing threshold holds it. The
+    # same series keeps fragmentation from starting while the pool is flagged undersized.
+    on = f"on ({', '.join(by)}) "
+    firing = f'ALERTS{{alertname="{ALERT_NAMES["pool_undersized"]}", alertstate="firing"}}'
+    rise = "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
     private_fast = f"avg_over_time(kvtide:cache_private_blocks[{f}])"
     private_slow = f"avg_over_time(kvtide:cache_private_blocks[{s}] offset {f})"
+    fragmented = f'ALERTS{{alertname="{ALERT_NAMES["fragmentation"]}", alertstate="firing"}}'
+    grown = (
+        f"{private_fast} >= {c.private_factor:g} * {private_slow}\n"
+        f"and {private_fast} >= {c.min_private_share:g} * kvtide:cache_capacity_blocks\n"
+        f"and {rising}\nand {steady}\nand kvtide:cache_evictions:warm > 0"
+    )
     exprs = {
         "pool_undersized": (
             f"(\n  {rise} >= {c.min_regret_rise:g}\n"
@@ -156,9 +163,8 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
             "unless kvtide:cache_evictions:warm > 0"
         ),
         "fragmentation": (
-            f"{private_fast} >= {c.private_factor:g} * {private_slow}\n"
-            f"and {private_fast} >= {c.min_private_share:g} * kvtide:cache_capacity_blocks\n"
-            f"and {rising}\nand {steady}\nand kvtide:cache_evictions:warm > 0"
+            f"(\n  {grown.replace(chr(10), chr(10) + '  ')}\n  unless {on}{firing}\n)\n"
+            f"or (\n  {grown.replace(chr(10), chr(10) + '  ')}\n  and {on}{fragmented}\n)"
         ),
     }
     who = by[-1] if by else "job"
@@ -229,6 +235,15 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
     def steady(i: int) -> tuple[float, float, float, float, float, float, float]:
         return (10.0, 10_000.0, 50.0, 100.0 + (i % 3) * 10.0, 20.0, 900.0, 800.0)
 
+    def undersized_then_private(i: int) -> tuple[float, float, float, float, float, float, float]:
+        # The pool turns undersized, then requests queue and their private blocks grow: the
+        # consequence raises no fragmentation alert of its own.
+        late = i >= warm_at
+        regret = 500.0 if late else 100.0
+        evicted = 40.0 if late else 20.0
+        later = i >= warm_at + 4 * per_min
+        return (10.0, 10_000.0, 50.0, regret, evicted, 950.0, 500.0 if later else 800.0)
+
     def fragmented(i: int) -> tuple[float, float, float, float, float, float, float]:
         late = i >= warm_at
         evicted = 30.0 if late else 20.0
@@ -241,6 +256,7 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         Scenario("cold_start", n, cold_start),
         Scenario("steady", n, steady),
         Scenario("fragmented", n, fragmented),
+        Scenario("undersized_then_private", n, undersized_then_private),
     ]
 
 
@@ -287,7 +303,7 @@ def unit_tests(
             firing_at.append(set(detector.active))
             has = detector.signals and detector.signals[-1].time_s == sample.time_s
             signals.append(detector.signals[-1] if has else None)
-        labels = f'{by}="{sc.name}", job="kvtide"'
+        labels = f'{by}="{sc.name}"' + ("" if by == "job" else ', job="kvtide"')
         series = []
         for metric, label, attr in (
             (LOOKUPS.name, 'tier="device", ', "lookups"),

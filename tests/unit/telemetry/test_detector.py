@@ -105,6 +105,17 @@ def test_fragmentation_is_not_an_undersized_pool() -> None:
     assert "outside the prefix cache" in d.history[0].reason
 
 
+def test_private_blocks_growing_in_an_undersized_pool_are_not_called_fragmentation() -> None:
+    """The pool turns undersized, then its private blocks grow (requests queue with their
+    prompt room reserved): the growth meets the fragmentation condition, but the alert does
+    not start while pool_undersized fires: one root cause, one alert."""
+    d = run("undersized_then_private")
+    assert [a.name for a in d.history] == ["pool_undersized"]
+    late = d.signals[-1]
+    assert late.private_fast >= CONFIG.private_factor * late.private_slow
+    assert d.conditions(late)["fragmentation"] is not None  # it would, on its own
+
+
 def test_samples_must_come_in_order() -> None:
     d = EarlyWarning(log=False)
     d.update(Sample(10.0, 0, 0, 0, 0, 0, 0, 0, 1))
