@@ -104,13 +104,11 @@ def print_report(
         ("internal waste: reserved, not written", f"{_pct(f.reserved_waste_share)} of used slots"),
         (
             "duplicated blocks (same content twice)",
-            f"{_pct(f.duplicated_share)} of used blocks (none by construction: a copy is "
-            "shared when it enters the cache)",
+            f"{_pct(f.duplicated_share)} of used blocks (0 by construction: shared on insert)",
         ),
         (
             "prefix prefilled twice at once",
-            f"{_pct(f.shared_prefill_share)} of prefilled prompt blocks (computed twice, "
-            "held once)",
+            f"{_pct(f.shared_prefill_share)} of prefilled prompt blocks",
         ),
         ("free list: runs per 100 free blocks", f"{f.free_runs_per_100_free:.2f}"),
         ("free list: largest run", f"{_pct(f.largest_free_run_share)} of free blocks"),

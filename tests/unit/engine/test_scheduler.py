@@ -270,9 +270,9 @@ def test_two_requests_with_one_uncached_prefix_never_hold_it_twice(
 ) -> None:
     """Running requests' chunks enter the cache before new requests are admitted, and a
     prompt that does not fit the budget takes all of it: a request admitted with another's
-    prefix still uncomputed finds that prefix's blocks scheduled (a same-iteration hit, as in
-    vLLM v1, whose layers write every token's KV before attention reads it). So the prefix is
-    computed once and held once; no snapshot finds a duplicated block."""
+    prefix still uncomputed finds that prefix's blocks scheduled (a same-iteration hit: the
+    model lets it read what the other computes in that iteration). So the prefix is computed
+    once and held once; no snapshot finds a duplicated block."""
     from kvtide.telemetry.fragmentation import snapshot
 
     engine = make_engine(engine_clock, capacity_blocks=64, max_batched_tokens=budget)
