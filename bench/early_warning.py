@@ -1,16 +1,19 @@
 """Early warning, measured: does the detector fire before TTFT p99 degrades as the device pool
 shrinks step by step, and stay quiet through a cold start and a steady hour?
 
-    nice python bench/early_warning.py ../shared/traces/mooncake_conversation.jsonl \
-        builtin:chat:duration_s=3600,sessions=1800 builtin:agent:duration_s=3600,sessions=360
+    nice python bench/early_warning.py ../shared/traces/mooncake_conversation.jsonl --load 0.5 \
+        --gpu-cache-tokens 4000000 --shrink-every-s 90 --shrink-steps 18
 
-Per workload, two runs on the same arrivals and the same fleet: a steady one (the pool as
-configured) and a shrinking one (from ``--shrink-start-s``, every ``--shrink-every-s`` each
-replica's device pool loses ``--shrink-fraction`` of its capacity, ``--shrink-steps`` times).
+(docs/telemetry.md has the built-ins' command and the numbers.) Per workload, runs on the same
+arrivals and the same fleet: a steady one (the pool as configured), a shrinking one (from
+``--shrink-start-s``, every ``--shrink-every-s`` each replica's device pool loses
+``--shrink-fraction`` of its capacity, ``--shrink-steps`` times) and a roomy one (below).
 TTFT p99 is the rolling p99 over requests that arrived in the last 5 minutes, at every detector
 tick. "Degraded" is the first tick after the shrink starts whose p99 exceeds 1.2 x the steady
 run's p99 at the same tick (paired: the same requests arrive in both), held for two ticks;
-the lead time is that time minus the first pool_undersized alert. An alarm is any
+the lead time is that time minus the first tick from the shrink on at which the shrinking run
+has pool_undersized firing and the steady run does not (an alert both raise is a swing of the
+workload, not the shrink's doing). An alarm is any
 pool_undersized or fragmentation alert in the steady run, or any alert of the shrinking run
 before its first shrink step; the cold start is the time until the pool first evicts.
 
