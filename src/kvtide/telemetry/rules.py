@@ -90,6 +90,14 @@ def _window(c: DetectorConfig, name: str) -> str:
     return _dur(c.fast_s if name == "cold_start" else c.slow_s)
 
 
+def _evaluation_order(item: tuple[str, str]) -> int:
+    """fragmentation first: a group evaluates its rules in order, and an expression that reads
+    another alert's ALERTS series sees this evaluation's state of a rule above it, the previous
+    one's of a rule below. The detector reads the previous evaluation's (``active`` before the
+    update), so fragmentation must come before pool_undersized, which it reads."""
+    return 0 if item[0] == "fragmentation" else 1
+
+
 def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",)) -> str:
     """The rules file (YAML) for ``promtool check rules`` and Prometheus ``rule_files``."""
     c = config or DetectorConfig()
@@ -182,7 +190,7 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
                         "labels": {"severity": SEVERITY[name]},
                         "annotations": {"summary": SUMMARIES[name] % (who, _window(c, name))},
                     }
-                    for name, expr in exprs.items()
+                    for name, expr in sorted(exprs.items(), key=_evaluation_order)
                 ],
             }
         ]
