@@ -108,3 +108,12 @@ def test_fragmentation_fires_on_a_simulated_run_whose_generation_grows(
     alert = fragmentation[0]
     assert 700 < alert.time_s - start < 700 + config.fast_s + 2 * config.for_s
     assert alert.values["private_fast"] >= 4 * alert.values["private_slow"]
+
+
+def test_a_shrink_below_the_longest_request_is_refused_before_the_run() -> None:
+    """Eight steps of 10 % leave 20 % of the pool, less than chat's longest request needs:
+    one clear error up front, not an engine's CapacityError mid-run."""
+    prepared = prepare(SCENARIO)
+    shrink = PoolShrink(start_s=60.0, every_s=20.0, step_fraction=0.1, steps=8)
+    with pytest.raises(ConfigError, match=r"pool shrink: 8 steps of 0\.1 leave"):
+        run(SCENARIO, prepared, detector=CONFIG, shrink=shrink)
