@@ -102,7 +102,14 @@ def print_report(
         ("hit ratio", _pct(s.hit_ratio)),
         ("internal waste: partial last blocks", f"{_pct(f.partial_waste_share)} of used slots"),
         ("internal waste: reserved, not written", f"{_pct(f.reserved_waste_share)} of used slots"),
-        ("duplicated blocks (same content twice)", f"{_pct(f.duplicated_share)} of used blocks"),
+        (
+            "duplicated blocks (same content twice)",
+            f"{_pct(f.duplicated_share)} of used blocks (0 by construction: shared on insert)",
+        ),
+        (
+            "prefix prefilled twice at once",
+            f"{_pct(f.shared_prefill_share)} of prefilled prompt blocks",
+        ),
         ("free list: runs per 100 free blocks", f"{f.free_runs_per_100_free:.2f}"),
         ("free list: largest run", f"{_pct(f.largest_free_run_share)} of free blocks"),
         (
@@ -136,7 +143,7 @@ def print_sizes(console: Console, rows: list[tuple[RunResult, FragmentationRepor
                 _pct(r.summary.hit_ratio),
                 _pct(f.partial_waste_share),
                 _pct(f.reserved_waste_share),
-                _pct(f.duplicated_share),
+                _pct(f.shared_prefill_share),
                 f"{f.free_runs_per_100_free:.1f}",
                 f"x{f.copy_cost_ratio:.2f}",
                 f"{1e6 * f.block_copy_s:.1f}",
@@ -153,7 +160,7 @@ def print_sizes(console: Console, rows: list[tuple[RunResult, FragmentationRepor
             Column("hit\nratio"),
             Column("partial\nwaste", "waste"),
             Column("reserved\nwaste", "waste"),
-            Column("dupli-\ncated", "waste"),
+            Column("twice\nat once", "waste"),
             Column("free runs\n/100 free", "free"),
             Column("copy\ncost", "free"),
             Column("1 block\nhost us", "cost"),
@@ -162,6 +169,7 @@ def print_sizes(console: Console, rows: list[tuple[RunResult, FragmentationRepor
             Column("TTFT\np99 s"),
         ],
         cells,
-        caption="waste: of used slots (blocks for duplicated); copy cost: host copy of a mean "
+        caption="waste: of used slots (of prefilled blocks for twice at once); copy cost: "
+        "host copy of a mean "
         "prompt's blocks from the free list over one contiguous copy; index: fleet, at the end",
     )

@@ -186,6 +186,10 @@ class EngineStats:
     hit_tokens: int = 0
     fetched_tokens: int = 0
     prompt_tokens: int = 0
+    shared_prefill_blocks: int = 0
+    """Prompt blocks a request computed that another request cached while it waited for its
+    chunk (two requests prefilling one uncached prefix at once): computed twice, held once,
+    since the second copy is shared when it enters the cache."""
 
 
 class Scheduler:
@@ -488,6 +492,7 @@ class Scheduler:
         req = seq.request
         access = cache.insert(hashes[:c], match=start, tenant=req.tenant, priority=req.priority)
         assert access.cached_blocks == c, "the room was reserved at admission"
+        self.stats.shared_prefill_blocks += k - access.new_blocks
         cache.lock(access.handle)
         cache.unlock(handle)
         seq.handle = access.handle

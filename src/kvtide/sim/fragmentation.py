@@ -38,7 +38,15 @@ class FragmentationReport:
     reserved_waste_share: float
     """Slots reserved ahead for generation and not written yet, of the slots in use."""
     duplicated_share: float
-    """Blocks whose content another block of the same pool also holds, of the blocks in use."""
+    """Blocks whose content another block of the same pool also holds, of the blocks in use.
+    Zero by construction in this engine: a computed prompt block enters the cache when its
+    chunk is scheduled, and a copy another request cached meanwhile is shared, not kept;
+    generated tokens are never cached while their request runs."""
+    shared_prefill_share: float
+    """Prompt blocks computed while another request's copy entered the cache (the same
+    uncached prefix prefilled by two requests at once), of the prompt blocks prefilled: the
+    duplicates an engine that keeps both copies (vLLM v1's block pool) would hold for a
+    while, here computed twice and held once."""
     free_runs_per_100_free: float
     """Runs of consecutive free ids per 100 free blocks (1 = one contiguous free region)."""
     largest_free_run_share: float
@@ -102,6 +110,8 @@ class FragmentationProbe:
             return float(np.mean(values)) if values else 0.0
 
         used = [x.cached_blocks + x.private_blocks for x in s]
+        shared = sum(r.engine.stats.shared_prefill_blocks for r in self.fleet.replicas)
+        prefilled = sum(r.engine.stats.prefill_tokens for r in self.fleet.replicas) / bt
         slots = [max(1, u * bt) for u in used]
         copy_runs = mean([float(x.copy_runs) for x in s if x.copy_blocks])
         return FragmentationReport(
@@ -118,6 +128,7 @@ class FragmentationProbe:
             duplicated_share=mean(
                 [x.duplicated_blocks / max(1, u) for x, u in zip(s, used, strict=True)]
             ),
+            shared_prefill_share=shared / prefilled if prefilled else 0.0,
             free_runs_per_100_free=mean(
                 [100 * x.free_runs / x.free_blocks for x in s if x.free_blocks]
             ),

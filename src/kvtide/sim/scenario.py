@@ -266,6 +266,21 @@ def network_transfer_s(model: CostModel, tokens: int) -> float:
     return model.kv_bytes(tokens) / (model.gpu.network_bytes_per_s * model.tp)
 
 
+def _check_shrink(
+    shrink: PoolShrink, capacity_blocks: int, block_tokens: int, requests: Sequence[Request]
+) -> None:
+    """A shrunk pool must still hold the longest request (prompt and output), or its engine
+    would refuse it mid-run: say so before running."""
+    left = capacity_blocks - shrink.steps * round(capacity_blocks * shrink.step_fraction)
+    longest = max(requests, key=lambda r: r.prompt_tokens + max(1, r.output_tokens))
+    need = -(-(longest.prompt_tokens + max(1, longest.output_tokens)) // block_tokens)
+    if need > left:
+        raise ConfigError(
+            f"pool shrink: {shrink.steps} steps of {shrink.step_fraction:g} leave {left:,} "
+            f"blocks per replica, and request {longest.request_id} needs {need:,}"
+        )
+
+
 def run(
     scenario: Scenario,
     prepared: PreparedWorkload | None = None,
@@ -295,6 +310,8 @@ def run(
         return hashes
 
     capacity_blocks = scenario.gpu_cache_tokens // block_tokens
+    if shrink is not None:
+        _check_shrink(shrink, capacity_blocks, block_tokens, requests)
     span_s = requests[-1].arrival_s - requests[0].arrival_s
     config = FleetConfig(
         num_replicas=scenario.replicas,

@@ -187,8 +187,7 @@ class FleetTelemetry:
             cached = b.get((m.CACHED_BLOCKS.name, ("device",)), 0.0)
             occupancy.append(cached / cap if cap else math.nan)
         signals = {g.time_s: g for g in self.detector.signals}
-        nan = math.nan
-        nan_signals = Signals(0.0, nan, nan, nan, nan, nan, nan, nan, False, nan, nan, nan)
+        nan_signals = Signals.empty()
         per_tick = [signals.get(t, nan_signals) for t in times]
         histograms = {}
         for metric in (m.BLOCK_LIFETIME, m.BLOCK_IDLE, m.BLOCK_REUSE_GAP):

@@ -18,7 +18,12 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
   that an operator does not mistake a warming fleet for a small one.
 * **fragmentation**: eviction velocity did not fall with steady arrivals while the blocks held
   outside the prefix cache (partial last blocks, generated tokens, slots reserved ahead: used
-  minus cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool.
+  minus cached) grew by ``private_factor`` to at least ``min_private_share`` of the pool; it
+  does not start while pool_undersized fires (a pool too small queues requests, and their
+  reserved prompt room grows the private blocks as a consequence).
+
+pool_undersized has hysteresis: once firing it holds while the regret ratio stays
+``clear_regret_rise`` over its baseline (and the pool warm), so one episode is one alert.
 
 Why the regret ratio is over the prefill work, and ``min_regret_rise`` = 3 % of it: a regretted
 token is recomputed, so the rise is the fraction by which the prefill work grew; with a high hit
@@ -36,7 +41,7 @@ import bisect
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvtide.telemetry.metrics import (
@@ -69,6 +74,10 @@ class DetectorConfig:
     regret_factor: float = 1.2
     evict_factor: float = 1.0
     steady_tolerance: float = 0.25
+    """Arrivals and prompt tokens per second must stay within this share of their baseline."""
+    clear_regret_rise: float = 0.015
+    """Hysteresis: once firing, pool_undersized holds while the regret ratio stays this far
+    above its baseline (and warm), though it fell below ``min_regret_rise``."""
     max_cold_share: float = 0.5
     private_factor: float = 1.25
     min_private_share: float = 0.1
@@ -76,6 +85,8 @@ class DetectorConfig:
     def __post_init__(self) -> None:
         if not 0 < self.interval_s <= self.fast_s < self.slow_s:
             raise ValueError("windows must satisfy 0 < interval <= fast < slow")
+        if not 0 <= self.clear_regret_rise <= self.min_regret_rise:
+            raise ValueError("clear_regret_rise must be in [0, min_regret_rise]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +142,20 @@ class Signals:
     evict_slow: float
     arrivals_fast: float
     arrivals_slow: float
+    prompt_fast: float
+    """Prompt tokens per second over the fast window (the baseline's: ``prompt_slow``)."""
+    prompt_slow: float
     cold_share: float
     is_warm: bool
     private_fast: float
     private_slow: float
     capacity_blocks: float
+
+    @classmethod
+    def empty(cls, time_s: float = 0.0) -> Signals:
+        """No evaluation at ``time_s``: every value NaN."""
+        nan = math.nan
+        return cls(time_s, nan, nan, nan, nan, nan, nan, nan, nan, nan, False, nan, nan, nan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +170,16 @@ class Alert:
 
 def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else math.nan
+
+
+def _within(fast: float, slow: float, tolerance: float) -> bool:
+    return abs(_ratio(fast, slow) - 1) <= tolerance
+
+
+def _pct(share: float, digits: int = 1) -> str:
+    """A share as a percentage; "n/a" when it is undefined (no tokens in its window yet),
+    not Python's "nan%"."""
+    return f"{share:.{digits}%}" if math.isfinite(share) else "n/a"
 
 
 class EarlyWarning:
@@ -242,6 +272,8 @@ class EarlyWarning:
             evict_slow=inc("evicted_blocks", base_end, s) / s,
             arrivals_fast=inc("lookups", now, f, True) / f,
             arrivals_slow=inc("lookups", base_end, s) / s,
+            prompt_fast=inc("prompt_tokens", now, f, True) / f,
+            prompt_slow=inc("prompt_tokens", base_end, s) / s,
             cold_share=_ratio(cold, cold + regret_part),
             is_warm=warm > 0,
             private_fast=self._mean("private_blocks", now, f),
@@ -251,47 +283,62 @@ class EarlyWarning:
 
     # --- the rules ------------------------------------------------------------------------
 
-    def conditions(self, g: Signals) -> dict[str, str | None]:
-        """Per alert, the reason (with numbers) when its condition holds now, else None."""
+    def conditions(
+        self, g: Signals, firing: Collection[str] = frozenset()
+    ) -> dict[str, str | None]:
+        """Per alert, the reason (with numbers) when its condition holds now, else None.
+        ``firing``: the alerts firing at the previous evaluation (pool_undersized holds on
+        its lower, clearing threshold while it is firing)."""
         c = self.config
-        steady = abs(_ratio(g.arrivals_fast, g.arrivals_slow) - 1) <= c.steady_tolerance
+        steady = _within(g.arrivals_fast, g.arrivals_slow, c.steady_tolerance) and _within(
+            g.prompt_fast, g.prompt_slow, c.steady_tolerance
+        )
         evict_rising = g.evict_fast >= c.evict_factor * g.evict_slow and g.evict_fast > 0
-        arrivals = f"arrivals steady at {g.arrivals_fast:.3g}/s (baseline {g.arrivals_slow:.3g}/s)"
+        arrivals = (
+            f"arrivals steady at {g.arrivals_fast:.3g}/s (baseline {g.arrivals_slow:.3g}/s), "
+            f"prompt tokens at {g.prompt_fast:,.0f}/s (baseline {g.prompt_slow:,.0f}/s)"
+        )
         out: dict[str, str | None] = dict.fromkeys(ALERTS)
         rise = g.regret_fast - g.regret_slow
-        if (
+        enters = (
             g.is_warm
             and steady
             and evict_rising
             and rise >= c.min_regret_rise
             and g.regret_fast >= c.regret_factor * g.regret_slow
-        ):
+        )
+        holds = "pool_undersized" in firing and g.is_warm and rise >= c.clear_regret_rise
+        if enters or holds:
             out["pool_undersized"] = (
-                f"pool undersized: evicted-then-wanted tokens are {g.regret_fast:.1%} of the "
-                f"prefill work over the last {c.fast_s:.0f}s, up from {g.regret_slow:.1%} over the "
-                f"{c.slow_s:.0f}s before (+{rise:.1%}); eviction velocity {g.evict_fast:,.1f} "
-                f"blocks/s, up from {g.evict_slow:,.1f}; {arrivals}; {g.cold_share:.0%} of "
-                "missed tokens are first uses"
+                f"pool undersized: evicted-then-wanted tokens are {_pct(g.regret_fast)} of the "
+                f"prefill work over the last {c.fast_s:.0f}s, up from {_pct(g.regret_slow)} over "
+                f"the {c.slow_s:.0f}s before (+{_pct(rise)}); eviction velocity "
+                f"{g.evict_fast:,.1f} blocks/s, baseline {g.evict_slow:,.1f}; {arrivals}; "
+                f"{_pct(g.cold_share, 0)} of missed tokens are first uses"
             )
         if not g.is_warm and g.arrivals_fast > 0 and g.cold_share >= c.max_cold_share:
             out["cold_start"] = (
-                f"cold start: {g.cold_share:.0%} of missed tokens over the last {c.fast_s:.0f}s "
-                "are first uses, which a larger pool would not serve; evicted-then-wanted "
-                f"tokens are {g.regret_fast:.1%} of prompt tokens"
+                f"cold start: {_pct(g.cold_share, 0)} of missed tokens over the last "
+                f"{c.fast_s:.0f}s are first uses, which a larger pool would not serve; "
+                f"evicted-then-wanted tokens are {_pct(g.regret_fast)} of the prefill work"
             )
         private_share = _ratio(g.private_fast, g.capacity_blocks)
-        if (
+        grown = (
             g.is_warm
             and steady
             and evict_rising
             and g.private_fast >= c.private_factor * g.private_slow
             and private_share >= c.min_private_share
-        ):
+        )
+        # A pool already flagged undersized queues requests, whose reserved prompt room then
+        # grows the private blocks too: that is its consequence, not a second diagnosis. So
+        # fragmentation does not start while pool_undersized fires (once firing, it holds).
+        if grown and ("pool_undersized" not in firing or "fragmentation" in firing):
             out["fragmentation"] = (
                 f"fragmentation: blocks held outside the prefix cache average "
-                f"{g.private_fast:,.0f} ({private_share:.0%} of the pool) over the last "
+                f"{g.private_fast:,.0f} ({_pct(private_share, 0)} of the pool) over the last "
                 f"{c.fast_s:.0f}s, up from {g.private_slow:,.0f}; eviction velocity "
-                f"{g.evict_fast:,.1f} blocks/s, up from {g.evict_slow:,.1f}; {arrivals}"
+                f"{g.evict_fast:,.1f} blocks/s, baseline {g.evict_slow:,.1f}; {arrivals}"
             )
         return out
 
@@ -310,7 +357,7 @@ class EarlyWarning:
             return []
         self.signals.append(g)
         fired = []
-        for name, reason in self.conditions(g).items():
+        for name, reason in self.conditions(g, frozenset(self.active)).items():
             labels = (name,)
             if reason is None:
                 self._pending.pop(name, None)
@@ -345,6 +392,8 @@ def _values(g: Signals) -> dict[str, float]:
         "evict_slow": g.evict_slow,
         "arrivals_fast": g.arrivals_fast,
         "arrivals_slow": g.arrivals_slow,
+        "prompt_fast": g.prompt_fast,
+        "prompt_slow": g.prompt_slow,
         "cold_share": g.cold_share,
         "private_fast": g.private_fast,
         "private_slow": g.private_slow,

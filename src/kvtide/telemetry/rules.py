@@ -42,7 +42,7 @@ SUMMARIES = {
     "pool_undersized": (
         "KV pool undersized on {{ $labels.%s }}: evicted-then-wanted tokens rose by "
         "{{ $value | humanizePercentage }} of the prefill work over the %s baseline while "
-        "eviction velocity rose and arrivals stayed steady"
+        "eviction velocity rose and arrivals and prompt tokens stayed steady"
     ),
     "cold_start": (
         "Cold start on {{ $labels.%s }}: {{ $value | humanizePercentage }} of missed tokens "
@@ -90,6 +90,14 @@ def _window(c: DetectorConfig, name: str) -> str:
     return _dur(c.fast_s if name == "cold_start" else c.slow_s)
 
 
+def _evaluation_order(item: tuple[str, str]) -> int:
+    """fragmentation first: a group evaluates its rules in order, and an expression that reads
+    another alert's ALERTS series sees this evaluation's state of a rule above it, the previous
+    one's of a rule below. The detector reads the previous evaluation's (``active`` before the
+    update), so fragmentation must come before pool_undersized, which it reads."""
+    return 0 if item[0] == "fragmentation" else 1
+
+
 def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",)) -> str:
     """The rules file (YAML) for ``promtool check rules`` and Prometheus ``rule_files``."""
     c = config or DetectorConfig()
@@ -113,6 +121,8 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
         "kvtide:cache_evictions:warm": q.agg(f"increase({evicted}[{f}] offset {s})"),
         "kvtide:cache_lookups_per_s:fast": f"{q.inc(lookups, True)} / {c.fast_s:g}",
         "kvtide:cache_lookups_per_s:slow": f"{q.inc(lookups, False)} / {c.slow_s:g}",
+        "kvtide:cache_prompt_tokens_per_s:fast": f"{q.inc(prompt, True)} / {c.fast_s:g}",
+        "kvtide:cache_prompt_tokens_per_s:slow": f"{q.inc(prompt, False)} / {c.slow_s:g}",
         "kvtide:cache_cold_share:fast": (
             f"{q.inc(cold, True)} / ({q.inc(cold, True)} + {q.inc(regret, True)})"
         ),
@@ -123,22 +133,37 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     }
     steady = (
         "abs(kvtide:cache_lookups_per_s:fast / kvtide:cache_lookups_per_s:slow - 1)"
-        f" <= {c.steady_tolerance:g}"
+        f" <= {c.steady_tolerance:g}\nand abs(kvtide:cache_prompt_tokens_per_s:fast / "
+        f"kvtide:cache_prompt_tokens_per_s:slow - 1) <= {c.steady_tolerance:g}"
     )
     rising = (
         f"kvtide:cache_evictions_per_s:fast >= {c.evict_factor:g} * "
         "kvtide:cache_evictions_per_s:slow and kvtide:cache_evictions_per_s:fast > 0"
     )
+    # Hysteresis: while the alert fired at the previous evaluation (its ALERTS series; a
+    # resolved alert's series is marked stale), the lower clearing threshold holds it. The
+    # same series keeps fragmentation from starting while the pool is flagged undersized.
+    on = f"on ({', '.join(by)}) "
+    firing = f'ALERTS{{alertname="{ALERT_NAMES["pool_undersized"]}", alertstate="firing"}}'
+    rise = "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
     private_fast = f"avg_over_time(kvtide:cache_private_blocks[{f}])"
     private_slow = f"avg_over_time(kvtide:cache_private_blocks[{s}] offset {f})"
+    fragmented = f'ALERTS{{alertname="{ALERT_NAMES["fragmentation"]}", alertstate="firing"}}'
+    grown = (
+        f"{private_fast} >= {c.private_factor:g} * {private_slow}\n"
+        f"and {private_fast} >= {c.min_private_share:g} * kvtide:cache_capacity_blocks\n"
+        f"and {rising}\nand {steady}\nand kvtide:cache_evictions:warm > 0"
+    )
     exprs = {
         "pool_undersized": (
-            "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
-            f" >= {c.min_regret_rise:g}\n"
-            f"and kvtide:cache_regret_ratio:fast >= {c.regret_factor:g} * "
+            f"(\n  {rise} >= {c.min_regret_rise:g}\n"
+            f"  and kvtide:cache_regret_ratio:fast >= {c.regret_factor:g} * "
             "kvtide:cache_regret_ratio:slow\n"
-            f"and {rising}\nand {steady}\n"
-            "and kvtide:cache_evictions:warm > 0"
+            f"  and {rising}\n  and {steady.replace(chr(10), chr(10) + '  ')}\n"
+            "  and kvtide:cache_evictions:warm > 0\n)\nor (\n"
+            f"  {rise} >= {c.clear_regret_rise:g}\n"
+            "  and kvtide:cache_evictions:warm > 0\n"
+            f"  and {on}{firing}\n)"
         ),
         "cold_start": (
             f"kvtide:cache_cold_share:fast >= {c.max_cold_share:g}\n"
@@ -146,9 +171,8 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
             "unless kvtide:cache_evictions:warm > 0"
         ),
         "fragmentation": (
-            f"{private_fast} >= {c.private_factor:g} * {private_slow}\n"
-            f"and {private_fast} >= {c.min_private_share:g} * kvtide:cache_capacity_blocks\n"
-            f"and {rising}\nand {steady}\nand kvtide:cache_evictions:warm > 0"
+            f"(\n  {grown.replace(chr(10), chr(10) + '  ')}\n  unless {on}{firing}\n)\n"
+            f"or (\n  {grown.replace(chr(10), chr(10) + '  ')}\n  and {on}{fragmented}\n)"
         ),
     }
     who = by[-1] if by else "job"
@@ -166,7 +190,7 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
                         "labels": {"severity": SEVERITY[name]},
                         "annotations": {"summary": SUMMARIES[name] % (who, _window(c, name))},
                     }
-                    for name, expr in exprs.items()
+                    for name, expr in sorted(exprs.items(), key=_evaluation_order)
                 ],
             }
         ]
@@ -199,6 +223,17 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         evicted = 40.0 if i >= warm_at else 20.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
+    def wavering(i: int) -> tuple[float, float, float, float, float, float, float]:
+        # The regret ratio climbs fast (0.6 points a minute: the alert fires), then slowly
+        # (0.225 a minute: 2.25 points over the baseline, below the firing threshold and above
+        # the clearing one): with hysteresis the alert holds through the slow climb.
+        late = i - warm_at
+        fast = min(max(late, 0), 10 * per_min)
+        slow = max(late - 10 * per_min, 0)
+        regret = 100.0 + 30.0 / per_min * fast + 11.25 / per_min * slow
+        evicted = 20.0 if late < 0 else 40.0
+        return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
+
     def cold_start(i: int) -> tuple[float, float, float, float, float, float, float]:
         filling = i < 10 * per_min  # ten minutes of first uses, then a warm steady pool
         cold = 5_000.0 if filling else 50.0
@@ -208,6 +243,15 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
     def steady(i: int) -> tuple[float, float, float, float, float, float, float]:
         return (10.0, 10_000.0, 50.0, 100.0 + (i % 3) * 10.0, 20.0, 900.0, 800.0)
 
+    def undersized_then_private(i: int) -> tuple[float, float, float, float, float, float, float]:
+        # The pool turns undersized, then requests queue and their private blocks grow: the
+        # consequence raises no fragmentation alert of its own.
+        late = i >= warm_at
+        regret = 500.0 if late else 100.0
+        evicted = 40.0 if late else 20.0
+        later = i >= warm_at + 4 * per_min
+        return (10.0, 10_000.0, 50.0, regret, evicted, 950.0, 500.0 if later else 800.0)
+
     def fragmented(i: int) -> tuple[float, float, float, float, float, float, float]:
         late = i >= warm_at
         evicted = 30.0 if late else 20.0
@@ -216,9 +260,11 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
     n = warm_at + int(c.slow_s / c.interval_s)
     return [
         Scenario("undersized", n, undersized),
+        Scenario("wavering", n + int(c.slow_s / c.interval_s), wavering),
         Scenario("cold_start", n, cold_start),
         Scenario("steady", n, steady),
         Scenario("fragmented", n, fragmented),
+        Scenario("undersized_then_private", n, undersized_then_private),
     ]
 
 
@@ -265,7 +311,7 @@ def unit_tests(
             firing_at.append(set(detector.active))
             has = detector.signals and detector.signals[-1].time_s == sample.time_s
             signals.append(detector.signals[-1] if has else None)
-        labels = f'{by}="{sc.name}", job="kvtide"'
+        labels = f'{by}="{sc.name}"' + ("" if by == "job" else ', job="kvtide"')
         series = []
         for metric, label, attr in (
             (LOOKUPS.name, 'tier="device", ', "lookups"),

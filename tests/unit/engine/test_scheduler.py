@@ -262,3 +262,30 @@ def test_a_host_tier_catches_device_evictions_and_serves_them_back(
     assert records["b"].hit_tokens == 0
     host_events = [e for e in engine.take_events() if getattr(e, "tier", None) is Tier.HOST]
     assert host_events, "host-tier blocks are published too"
+
+
+@pytest.mark.parametrize("budget", [8192, 12])
+def test_two_requests_with_one_uncached_prefix_never_hold_it_twice(
+    engine_clock: ManualClock, budget: int
+) -> None:
+    """Running requests' chunks enter the cache before new requests are admitted, and a
+    prompt that does not fit the budget takes all of it: a request admitted with another's
+    prefix still uncomputed finds that prefix's blocks scheduled (a same-iteration hit: the
+    model lets it read what the other computes in that iteration). So the prefix is computed
+    once and held once; no snapshot finds a duplicated block."""
+    from kvtide.telemetry.fragmentation import snapshot
+
+    engine = make_engine(engine_clock, capacity_blocks=64, max_batched_tokens=budget)
+    prefix = list(range(100, 132))  # 8 full blocks
+    for rid, tail in (("a", [1, 2]), ("b", [3, 4])):
+        engine.add(*request(rid, prefix + tail, 4))
+    duplicated = []
+    while engine.has_work:
+        batch = engine.schedule()
+        assert batch is not None
+        duplicated.append(snapshot(engine, 4).duplicated_blocks)
+        engine_clock.set(batch.end_s())
+        engine.complete(batch)
+    assert set(duplicated) == {0}
+    assert engine.stats.shared_prefill_blocks == 0
+    assert engine.stats.hit_tokens == len(prefix)  # b found a's prefix

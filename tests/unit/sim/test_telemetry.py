@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kvtide.errors import ConfigError
@@ -9,6 +12,7 @@ from kvtide.sim.scenario import Scenario, prepare, run
 from kvtide.sim.telemetry import PoolShrink
 from kvtide.telemetry import DetectorConfig
 from kvtide.telemetry import metrics as m
+from kvtide.workloads.builtins import Chat
 
 SCENARIO = Scenario(
     workload="builtin:chat:duration_s=240,sessions=60",
@@ -58,3 +62,58 @@ def test_a_fresh_fleet_reports_its_cold_start_and_nothing_else_while_it_fills() 
 def test_a_shrink_must_leave_part_of_the_pool() -> None:
     with pytest.raises(ConfigError):
         PoolShrink(start_s=0.0, every_s=10.0, step_fraction=0.5, steps=2)
+
+
+def _chat_trace(path: Path, output_factor: float, change_s: float) -> None:
+    """The built-in chat as a token trace whose outputs grow ``output_factor`` times from
+    ``change_s`` on: the same arrivals and prompts, longer generation."""
+    with path.open("w") as out:
+        for r in Chat(sessions=400, duration_s=1200).generate(0, 16):
+            factor = output_factor if r.arrival_s >= change_s else 1.0
+            row = {
+                "timestamp": r.arrival_s,
+                "token_ids": r.token_ids.tolist() if r.token_ids is not None else [],
+                "output_length": round(r.output_tokens * factor),
+            }
+            out.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.parametrize("output_factor", [1.0, 4.0])
+def test_fragmentation_fires_on_a_simulated_run_whose_generation_grows(
+    tmp_path: Path, output_factor: float
+) -> None:
+    """A real simulated series, not a synthetic one: outputs 4x longer from 700 s with the
+    same arrivals, and the blocks running requests hold outside the prefix cache (generated
+    tokens, room reserved ahead for them) grow from ~1 % to a third of the pool."""
+    trace = tmp_path / "chat.jsonl"
+    _chat_trace(trace, output_factor, 700.0)
+    scenario = Scenario(
+        workload=str(trace),
+        replicas=2,
+        model="llama-3-70b",
+        tp=2,
+        gpu_cache_tokens=100_000,
+        router="cost",
+        block_tokens=16,
+    )
+    config = DetectorConfig(fast_s=120.0, slow_s=300.0, interval_s=15.0, for_s=30.0)
+    tel = run(scenario, prepare(scenario), detector=config).telemetry
+    assert tel is not None
+    start = tel.times_s[0] - config.interval_s
+    fragmentation = [a for a in tel.alerts if a.name == "fragmentation"]
+    if output_factor == 1.0:
+        assert fragmentation == []
+        return
+    assert fragmentation, [a.name for a in tel.alerts]
+    alert = fragmentation[0]
+    assert 700 < alert.time_s - start < 700 + config.fast_s + 2 * config.for_s
+    assert alert.values["private_fast"] >= 4 * alert.values["private_slow"]
+
+
+def test_a_shrink_below_the_longest_request_is_refused_before_the_run() -> None:
+    """Eight steps of 10 % leave 20 % of the pool, less than chat's longest request needs:
+    one clear error up front, not an engine's CapacityError mid-run."""
+    prepared = prepare(SCENARIO)
+    shrink = PoolShrink(start_s=60.0, every_s=20.0, step_fraction=0.1, steps=8)
+    with pytest.raises(ConfigError, match=r"pool shrink: 8 steps of 0\.1 leave"):
+        run(SCENARIO, prepared, detector=CONFIG, shrink=shrink)

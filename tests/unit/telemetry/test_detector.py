@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,16 +12,17 @@ import pytest
 from kvtide.cli import main
 from kvtide.telemetry import DetectorConfig, EarlyWarning, MemoryRecorder, Sample
 from kvtide.telemetry import metrics as m
-from kvtide.telemetry.rules import _samples, _scenarios
+from kvtide.telemetry.detector import Signals, run_detector
+from kvtide.telemetry.rules import Scenario, _samples, _scenarios
 
 PROMTOOL = shutil.which("promtool")
 CONFIG = DetectorConfig()
 
 
-def run(name: str) -> EarlyWarning:
-    scenario = next(s for s in _scenarios(CONFIG) if s.name == name)
-    detector = EarlyWarning(CONFIG, MemoryRecorder(), log=False)
-    for sample in _samples(scenario, CONFIG):
+def run(name: str, config: DetectorConfig = CONFIG) -> EarlyWarning:
+    scenario = next(s for s in _scenarios(config) if s.name == name)
+    detector = EarlyWarning(config, MemoryRecorder(), log=False)
+    for sample in _samples(scenario, config):
         detector.update(sample)
     return detector
 
@@ -40,6 +42,52 @@ def test_a_rising_regret_ratio_with_steady_arrivals_flags_an_undersized_pool() -
     assert rec.value(m.ALERT_FIRED, ("pool_undersized",)) == 1
 
 
+def test_an_alert_holds_on_its_clearing_threshold_hysteresis() -> None:
+    """The regret ratio climbs fast, then slowly: 2-3 points over its baseline, under the
+    firing threshold and over the clearing one. With hysteresis the alert stays one episode."""
+    d = run("wavering")
+    assert [a.name for a in d.history] == ["pool_undersized"]
+    held = [
+        g
+        for g in d.signals
+        if d.history[0].time_s < g.time_s
+        and CONFIG.clear_regret_rise <= g.regret_fast - g.regret_slow < CONFIG.min_regret_rise
+    ]
+    assert len(held) >= 8
+    assert "pool_undersized" in d.active  # still firing at the end
+    no_hysteresis = DetectorConfig(clear_regret_rise=CONFIG.min_regret_rise)
+    assert not run("wavering", no_hysteresis).active  # it would have cleared
+
+
+def test_rising_prompt_tokens_with_steady_arrivals_are_not_an_undersized_pool() -> None:
+    """Longer prompts at the same request rate grow the working set: more regret is then the
+    load's doing, and the load is not steady (the prompt-token rate is checked too)."""
+    base = next(s for s in _scenarios(CONFIG) if s.name == "undersized")
+    warm_at = int(2 * CONFIG.slow_s / CONFIG.interval_s)
+
+    def longer(i: int) -> tuple[float, float, float, float, float, float, float]:
+        lookups, prompt, *rest = base.step(i)
+        return (lookups, prompt * (1.5 if i >= warm_at else 1.0), *rest)  # type: ignore[return-value]
+
+    samples = _samples(Scenario("longer", base.steps, longer), CONFIG)
+    assert run_detector(samples, CONFIG).history == []
+    loose = DetectorConfig(steady_tolerance=0.6)  # lets a +50 % prompt-token rate pass
+    assert [a.name for a in run_detector(samples, loose).history] == ["pool_undersized"]
+
+
+def test_no_reason_prints_nan_when_a_window_has_no_prefill_work() -> None:
+    """At a cold start the fast window is not covered yet (and an idle window has no prompt
+    tokens): the undefined shares read "n/a", not "nan%"."""
+    d = EarlyWarning(log=False)
+    g = Signals.empty(300.0)
+    g = dataclasses.replace(g, arrivals_fast=1.0, cold_share=1.0)
+    reasons = d.conditions(g)
+    assert reasons["cold_start"] is not None
+    assert "nan" not in reasons["cold_start"] and "n/a of the prefill work" in reasons["cold_start"]
+    fired = run("cold_start").history
+    assert fired and all("nan" not in a.reason for a in fired)
+
+
 def test_a_cold_start_is_told_apart_and_never_called_undersized() -> None:
     d = run("cold_start")
     assert [a.name for a in d.history] == ["cold_start"]
@@ -55,6 +103,17 @@ def test_fragmentation_is_not_an_undersized_pool() -> None:
     d = run("fragmented")
     assert [a.name for a in d.history] == ["fragmentation"]
     assert "outside the prefix cache" in d.history[0].reason
+
+
+def test_private_blocks_growing_in_an_undersized_pool_are_not_called_fragmentation() -> None:
+    """The pool turns undersized, then its private blocks grow (requests queue with their
+    prompt room reserved): the growth meets the fragmentation condition, but the alert does
+    not start while pool_undersized fires: one root cause, one alert."""
+    d = run("undersized_then_private")
+    assert [a.name for a in d.history] == ["pool_undersized"]
+    late = d.signals[-1]
+    assert late.private_fast >= CONFIG.private_factor * late.private_slow
+    assert d.conditions(late)["fragmentation"] is not None  # it would, on its own
 
 
 def test_samples_must_come_in_order() -> None:
@@ -88,16 +147,29 @@ def test_rules_pass_promtool_check_and_its_unit_tests(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus) not installed")
-def test_promtool_fails_rules_that_disagree_with_the_detector(tmp_path: Path) -> None:
-    """The unit tests can fail: rules with a looser threshold fire where the detector does not."""
+@pytest.mark.parametrize(
+    ("flag", "value", "scenario"),
+    [("--max-cold-share", "0.05", None), ("--clear-regret-rise", "0.03", "wavering")],
+)
+def test_promtool_fails_rules_that_disagree_with_the_detector(
+    tmp_path: Path, flag: str, value: str, scenario: str | None
+) -> None:
+    """The unit tests can fail: rules with a looser threshold fire where the detector does
+    not; rules without hysteresis clear where the detector holds."""
     assert PROMTOOL is not None
     rules, tests = tmp_path / "rules.yml", tmp_path / "rules_test.yml"
     assert main(["alerts", "--out", str(rules), "--tests", str(tests)]) == 0
-    assert main(["alerts", "--out", str(rules), "--max-cold-share", "0.05"]) == 0
+    assert main(["alerts", "--out", str(rules), flag, value]) == 0
     proc = subprocess.run(
-        [PROMTOOL, "test", "rules", str(tests)], capture_output=True, timeout=120, check=False
+        [PROMTOOL, "test", "rules", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode != 0
+    if scenario is not None:
+        assert f"name: {scenario}," in proc.stdout + proc.stderr
 
 
 def test_engine_telemetry_evaluates_once_per_interval_and_exposes_alerts() -> None:
@@ -115,5 +187,6 @@ def test_engine_telemetry_evaluates_once_per_interval_and_exposes_alerts() -> No
         fired += tel.tick()
         clock.advance(10.0)
     assert [a.name for a in fired] == ["cold_start"]
+    assert "nan" not in fired[0].reason  # its fast window is not covered yet
     assert len(tel.detector.signals) == 13  # 14 evaluations 30 s apart; the first has no window
     assert b'kvtide_alert_active_ratio{alert="cold_start"} 1.0' in rec.exposition()
