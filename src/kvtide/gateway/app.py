@@ -46,6 +46,7 @@ from kvtide.gateway.status import (
     error_body,
     status_for_http,
 )
+from kvtide.gateway.telemetry import GatewayTelemetry
 from kvtide.gateway.tenants import Tenant, TenantTable
 from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, RoutingContext
 from kvtide.routing.identity import namespace_seed
@@ -113,6 +114,8 @@ class Gateway:
         self.router = Router(build_policy(self._policy_spec(), self.ctx), [])
         for r in self.replicas:
             self.router.add_replica(r.state)
+        self.telemetry = GatewayTelemetry(self.router.health, self.index, self.clock)
+        self.metrics.attach(self.telemetry.exposition)
         secret = config.tenant_secret.encode() if config.tenant_secret else secrets.token_bytes(32)
         self.tenants = TenantTable(secret, config.limits, self.clock)
         self.tenants.load(config.api_keys)
@@ -180,6 +183,7 @@ class Gateway:
         self.metrics.child(self.metrics.decisions, replica.replica_id, decision.reason).inc()
         if decision.cached_tokens:
             self.metrics.predicted_cached.inc(decision.cached_tokens)
+        self.telemetry.routed(route.block_hashes)
         if self.shadow is not None:
             self.shadow.record(decision.replica, route.block_hashes)
         return replica, decision
@@ -209,6 +213,7 @@ class Gateway:
         if task is not None:
             task.cancel()
         self.index.clear_replica(replica_id)
+        self.telemetry.forget(replica_id)
         if self.shadow is not None:
             self.shadow.forget(replica_id)
 
@@ -232,6 +237,7 @@ class Gateway:
             self.index,
             self.executor,
             after_commit=self.shared.write if self.shared is not None else None,
+            health=self.router.health,
         )
         self.intakes[replica.replica_id] = intake
         task = self.task_group.create_task(self._run_intake(intake))
@@ -261,6 +267,10 @@ class Gateway:
 
     def _on_down(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(0)
+
+    def _on_scraped(self, replica: Replica, body: bytes) -> None:
+        self.telemetry.scraped(replica.replica_id, body)
+        self.telemetry.tick()  # the early warning runs between the gateway's own scrapes too
 
     def _on_up(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(1)
@@ -416,7 +426,13 @@ class Gateway:
             self.choose,
         )
         self.checker = HealthChecker(
-            self.replicas, self.session, self.clock.now, t.health_s, self._on_down, self._on_up
+            self.replicas,
+            self.session,
+            self.clock.now,
+            t.health_s,
+            self._on_down,
+            self._on_up,
+            self._on_scraped,
         )
         await asyncio.gather(*(self.checker.discover(r) for r in self.replicas))
         for r in self.replicas:
