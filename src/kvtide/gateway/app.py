@@ -136,11 +136,11 @@ class Gateway:
         self.checker: HealthChecker | None = None
         self.task_group: asyncio.TaskGroup | None = None
 
-    def _policy_spec(self) -> str:
+    def _policy_spec(self, spec: str | None = None) -> str:
         """Text mode's index is the shadow of the gateway's own decisions, updated at each
         dispatch: the provisional entries ``cost`` and ``precise`` keep until the engines'
         events land would duplicate it, at a cost per request, so they are off unless asked."""
-        spec = self.config.policy
+        spec = self.config.policy if spec is None else spec
         name, options = parse_router(spec)
         if self.shadow is not None and name in ("cost", "precise") and "provisional" not in options:
             spec += ":provisional=false"
@@ -341,16 +341,27 @@ class Gateway:
             raise ApiError(FORBIDDEN, "admin key required")
 
     def reload(self) -> None:
-        """SIGHUP: re-reads the config file and the keys file; replicas added or removed."""
+        """SIGHUP: re-reads the config file and the keys file; replicas added or removed, the
+        routing policy replaced when ``policy`` changed."""
         path = self.config.config_path
         try:
-            new = load_config(path) if path else self.config
-            new = dataclasses.replace(new, config_path=path)
+            new = load_config(path, dict(self.config.overrides)) if path else self.config
+            policy = None
+            if new.policy != self.config.policy:
+                # built before anything changes: a bad spec keeps the whole running config
+                policy = build_policy(self._policy_spec(new.policy), self.ctx)
             self.tenants.limits = new.limits
             self.tenants.load(new.api_keys)
         except KvtideError as exc:
             log.error("reload failed, keeping the running config: %s", exc)
             return
+        if policy is not None:
+            # one assignment on the loop: the next request routes with it; the index and
+            # its health stay (they live in the routing context), requests in flight finish
+            # with the policy that routed them
+            self.router.set_policy(policy)
+            log.warning("policy %s -> %s", self.config.policy, new.policy)
+            self.config = dataclasses.replace(self.config, policy=new.policy)
         wanted = {s.replica_id: s for s in new.replicas}
         if path:
             for r in list(self.replicas):
