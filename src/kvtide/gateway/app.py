@@ -114,14 +114,15 @@ class Gateway:
         self.router = Router(build_policy(self._policy_spec(), self.ctx), [])
         for r in self.replicas:
             self.router.add_replica(r.state)
-        self.telemetry = GatewayTelemetry(self.router.health, self.index, self.clock)
-        self.metrics.attach(self.telemetry.exposition)
         secret = config.tenant_secret.encode() if config.tenant_secret else secrets.token_bytes(32)
         self.tenants = TenantTable(secret, config.limits, self.clock)
         self.tenants.load(config.api_keys)
         self._admin_key = config.admin_key
         self._seeds: dict[tuple[str, str], int] = {}
         self._ids = itertools.count()
+        # the router's families and the fleet's early warning, after kvtide_gateway_* on /metrics
+        self.telemetry = GatewayTelemetry(self.router.health, self.index, self.clock)
+        self.metrics.attach(self.telemetry.exposition)
         self.intakes: dict[ReplicaId, EventIntake] = {}
         self.intake_tasks: dict[ReplicaId, asyncio.Task[None]] = {}
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvtide-intake")
