@@ -438,14 +438,10 @@ class Gateway:
             self.choose,
         )
         self.checker = HealthChecker(
-            self.replicas,
-            self.session,
-            self.clock.now,
-            t.health_s,
-            self._on_down,
-            self._on_up,
-            self._on_scraped,
+            self.replicas, self.session, self.clock.now, t.health_s, self._on_down, self._on_up
         )
+
+        self.checker.on_scraped = self._on_scraped  # the engines' kvtide_cache_* counters
         await asyncio.gather(*(self.checker.discover(r) for r in self.replicas))
         for r in self.replicas:
             self.metrics.healthy.labels(r.replica_id).set(1)
