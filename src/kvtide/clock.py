@@ -22,6 +22,17 @@ class WallClock:
         return time.monotonic()
 
 
+class EpochClock:
+    """Seconds since the Unix epoch (``time.time()``): only for comparing with timestamps
+    another process stamped the same way, as vLLM stamps its KV event batches. Unlike a
+    ``WallClock`` it may step back (NTP), so what it measures is an estimate."""
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        return time.time()
+
+
 class ManualClock:
     """A clock that moves only when told to: the simulator's and the tests' clock."""
 
@@ -55,19 +66,29 @@ class ScaledClock:
 
     ``to_wall_s`` turns a span of this clock's seconds into the wall seconds to sleep."""
 
-    __slots__ = ("_start", "speedup")
+    __slots__ = ("_epoch_start", "_start", "speedup")
 
     def __init__(self, speedup: float = 1.0) -> None:
         if not speedup > 0 or speedup == float("inf"):
             raise ValueError("a clock's speedup must be a positive finite number")
         self.speedup = speedup
         self._start = time.monotonic()
+        self._epoch_start = time.time()
 
     def now(self) -> float:
         return (time.monotonic() - self._start) * self.speedup
 
     def to_wall_s(self, seconds: float) -> float:
         return seconds / self.speedup
+
+    def epoch_s(self, t: float) -> float:
+        """The Unix time at which this clock reads ``t``: what a vLLM engine would stamp on
+        an event published then (``time.time()``), so a router can tell its delay."""
+        return self._epoch_start + t / self.speedup
+
+    def from_epoch_s(self, epoch_s: float) -> float:
+        """The inverse of ``epoch_s``."""
+        return (epoch_s - self._epoch_start) * self.speedup
 
 
 def epoch_s() -> int:

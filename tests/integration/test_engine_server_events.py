@@ -154,10 +154,11 @@ def test_index_fed_by_events_holds_exactly_the_engine_blocks(lose: set[int]) -> 
 
 def test_no_block_is_announced_before_the_iteration_computing_it_ends() -> None:
     """A 40-block prompt prefilled in 4-block chunks: every batch's BlockStored blocks, counted
-    up to the batch's timestamp (the engine's clock), are at most 4 per prefill iteration that
-    had ended by then (iteration times from the same cost model), and they come over several
-    batches, not all at admission. Slow time (--speedup 0.1: a chunk takes ~76 ms of wall
-    time), so that even a starved event loop wakes more than once during the prefill."""
+    up to the batch's timestamp (Unix time, as vLLM's, read back on the engine's clock), are at
+    most 4 per prefill iteration that had ended by then (iteration times from the same cost
+    model), and they come over several batches, not all at admission. Slow time (--speedup
+    0.1: a chunk takes ~76 ms of wall time), so that even a starved event loop wakes more than
+    once during the prefill."""
     config = ServerConfig(
         port=free_port(),
         speedup=0.1,
@@ -170,13 +171,14 @@ def test_no_block_is_announced_before_the_iteration_computing_it_ends() -> None:
     records: list[RequestRecord] = []
     with in_process_engine(config) as server:
         server.built.backend.on_record = records.append  # type: ignore[attr-defined]
+        clock = server.built.backend.clock  # type: ignore[attr-defined]
         sub, _, _ = _subscriber(server, set())
         batches: list[tuple[float, int]] = []
 
         def count(replica: ReplicaId, batch: EngineEventBatch) -> None:
             n = sum(len(e.block_hashes) for e in batch.events if isinstance(e, EngineBlockStored))
             if n:
-                batches.append((batch.ts, n))
+                batches.append((clock.from_epoch_s(batch.ts), n))  # Unix time -> engine's
 
         sub.ingest = SequencedIngest(count, lambda r: None, ManualClock())
         sub.bootstrap()

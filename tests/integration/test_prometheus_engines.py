@@ -1,8 +1,10 @@
 """A real Prometheus (Debian's, on loopback, temporary config and data dir) scrapes two real
-`kvtide engine` processes under a bounded load from the official openai client: every panel
-query of the Grafana dashboard returns data through Prometheus's HTTP API, the alert rules
-`kvtide alerts` writes load, `kvtide doctor --prometheus URL` diagnoses the pair, and each
-engine's /metrics passes `promtool check metrics`."""
+`kvtide engine` processes and the `kvtide serve` gateway in front of them (fed by the engines'
+KV events) under a bounded load from the official openai client through the gateway: every
+panel query of the Grafana dashboard returns data through Prometheus's HTTP API (the
+kvtide_router_* ones from the gateway), the alert rules `kvtide alerts` writes load,
+`kvtide doctor --prometheus URL` diagnoses the pair, and each engine's /metrics and the
+gateway's kvtide_* families pass `promtool check metrics`."""
 
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ from pathlib import Path
 import openai
 import pytest
 from engine_process import SRC, free_port, start_engine
+from tests.integration.gateway.procs import gateway
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "kvtide.json"
 ROUTER_PREFIX = "kvtide_router_"
-"""Router panels: the gateway exports these, not an engine (no router in this test)."""
+"""Router panels: the gateway exports these, not an engine."""
 
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None or PROMTOOL is None, reason="Debian's prometheus package not installed"
@@ -38,7 +41,7 @@ def _get(url: str, timeout_s: float = 5.0) -> bytes:
 
 
 @contextmanager
-def prometheus(tmp: Path, targets: list[str]) -> Iterator[str]:
+def prometheus(tmp: Path, targets: list[str], gateways: list[str]) -> Iterator[str]:
     rules = tmp / "rules.yml"
     subprocess.run(
         [sys.executable, "-m", "kvtide", "alerts", "--out", str(rules)],
@@ -54,6 +57,8 @@ def prometheus(tmp: Path, targets: list[str]) -> Iterator[str]:
         "scrape_configs:\n"
         "  - job_name: kvtide-engine\n"
         f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+        "  - job_name: kvtide-gateway\n"
+        f"    static_configs: [{{targets: {json.dumps(gateways)}}}]\n"
     )
     port = free_port()
     log = (tmp / "prometheus.log").open("w")
@@ -125,33 +130,51 @@ def panel_queries() -> list[tuple[str, str]]:
     return out
 
 
-def test_prometheus_scrapes_two_engines_and_every_panel_has_data(tmp_path: Path) -> None:
-    args = ("--kv-cache-tokens", "1024", "--speedup", "20")
+@pytest.mark.timeout(120)
+def test_prometheus_scrapes_two_engines_and_a_gateway_and_every_panel_has_data(
+    tmp_path: Path,
+) -> None:
+    args = ("--kv-cache-tokens", "1024", "--speedup", "20", "--served-model-name", "llama-3-8b")
     with ExitStack() as stack:
-        engines = [start_engine(*args, "--seed", str(k)) for k in range(2)]
-        for e in engines:
-            stack.callback(e.stop)
-        url = stack.enter_context(prometheus(tmp_path, [f"127.0.0.1:{e.port}" for e in engines]))
-        for e in engines:
-            load(e.url, 3)
+        engines = []
+        for k in range(2):
+            events = ("--kv-events-port", str(free_port()), "--kv-events-replay-port", "0")
+            engines.append(start_engine(*args, *events, "--seed", str(k)))
+            stack.callback(engines[-1].stop)
+        replicas = [
+            a
+            for e in engines
+            for a in ("--replica", f"{e.url}=llama-3-8b,events={e.events},replay={e.replay}")
+        ]
+        gw_port = free_port()
+        gw = gateway(gw_port, "--tokenizer", "smollm2", *replicas)
+        stack.callback(gw.stop)
+        gw_url = f"http://127.0.0.1:{gw_port}"
+        url = stack.enter_context(
+            prometheus(tmp_path, [f"127.0.0.1:{e.port}" for e in engines], [f"127.0.0.1:{gw_port}"])
+        )
+        load(gw_url, 6)
         time.sleep(4)  # a few scrapes after the load
-        for e in engines:
-            load(e.url, 1)
+        load(gw_url, 2)
         time.sleep(3)
         now = time.time()
         up = query(url, "up", now)
-        assert len(up) == 2 and all(r["value"][1] == "1" for r in up)  # type: ignore[index]
-        empty, router = [], []
+        assert len(up) == 3 and all(r["value"][1] == "1" for r in up)  # type: ignore[index]
+        empty = []
         for title, expr in panel_queries():
             # A panel comparing against the 30 min before 2 min ago has, in a run of under
             # two minutes, data only when evaluated two minutes on (the lookback stays live).
             at = now + 130 if "offset" in expr else now
             if not query(url, expr, at):
-                (router if ROUTER_PREFIX in expr else empty).append(f"{title}: {expr}")
+                empty.append(f"{title}: {expr}")
         assert not empty, "\n".join(empty)
-        print(f"panel queries: {len(panel_queries())}, router-only without data: {len(router)}")
-        # Router panels need a router process (the gateway); none runs here.
-        assert all(ROUTER_PREFIX in r for r in router)
+        router = [e for _, e in panel_queries() if ROUTER_PREFIX in e]
+        print(f"panel queries: {len(panel_queries())}, router ones: {len(router)}, all with data")
+        assert len(router) == 8
+        # the gateway's index saw the engines' events and predicted hits the engines reported
+        predicted = query(url, "kvtide_router_predicted_cached_tokens_total", now)
+        reported = query(url, "kvtide_router_reported_cached_tokens_total", now)
+        assert float(predicted[0]["value"][1]) > 0 and float(reported[0]["value"][1]) > 0  # type: ignore[index]
         rules = json.loads(_get(f"{url}/api/v1/rules"))
         assert rules["status"] == "success" and rules["data"]["groups"]
 
@@ -195,3 +218,9 @@ def test_prometheus_scrapes_two_engines_and_every_panel_has_data(tmp_path: Path)
                 text=True,
             )
             assert check.returncode == 0, check.stdout + check.stderr
+        body = _get(f"{gw_url}/metrics").decode()
+        kvtide_only = "\n".join(line for line in body.splitlines() if "kvtide_" in line) + "\n"
+        check = subprocess.run(
+            [str(PROMTOOL), "check", "metrics"], input=kvtide_only, capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr

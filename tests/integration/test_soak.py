@@ -49,7 +49,9 @@ def test_soak_30s_with_kill_and_restart(tmp_path: Path) -> None:
     assert r["killed_s"] < r["restarted_s"] < 30.0, r  # the fault happened inside the run
     assert r["restarted_engine_up_at_end"], r  # re-admitted, not ejected for good
     assert r["gateway_alive_at_end"], r
-    # served again or not is the policy's choice (the survivor holds every prefix); reported
+    # routed to again although the survivor holds every prefix: `cost` weighs the delay a
+    # prefill adds to the survivor's requests in flight (17-24 requests measured; 0 before)
+    assert r["restarted_engine_served_after"] > 0, r
     # 30 s is mostly warm-up (caches filling: +14 MiB measured), so only a coarse bound here;
     # flatness is the 10-minute run's slope (docs/gateways.md)
     assert r["rss_mib"]["max"] - r["rss_mib"]["first"] < 64.0, r

@@ -36,7 +36,9 @@ Sample = tuple[str, Mapping[str, str], float]
 
 
 def from_samples(source: str, samples: Iterable[Sample]) -> Observed:
-    """Sums counters and gauges over instances (``instance``/``job`` labels dropped)."""
+    """Sums counters and gauges over instances (``instance``/``job`` labels dropped). The
+    instances counted are the caches (those exporting kvtide_cache_*): a gateway exporting
+    the router's families beside them is not one."""
     o = Observed(source)
     instances: set[tuple[str, str]] = set()
     replication: list[float] = []
@@ -45,7 +47,8 @@ def from_samples(source: str, samples: Iterable[Sample]) -> Observed:
         if not name.startswith("kvtide_"):
             continue
         seen = True
-        instances.add((labels.get("job", ""), labels.get("instance", "")))
+        if name.startswith("kvtide_cache_"):
+            instances.add((labels.get("job", ""), labels.get("instance", "")))
         if name == m.PROMPT_TOKENS.name:
             o.prompt_tokens += value
         elif name == m.HIT_TOKENS.name:

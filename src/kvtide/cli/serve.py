@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="kvtide serve: %(message)s")
+    _log_alerts()
     overrides = {
         "host": args.host,
         "port": args.port,
@@ -69,3 +70,15 @@ def run(args: argparse.Namespace) -> int:
     build_policy(config.policy, ctx)
     serve(config)
     return 0
+
+
+def _log_alerts() -> None:
+    """The fleet early warning's alerts as one stderr line each, info ones too (a cold start
+    is worth a line at the default warning level)."""
+    alerts = logging.getLogger("kvtide.alerts")
+    if not alerts.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("kvtide serve: alert: %(message)s"))
+        alerts.addHandler(handler)
+        alerts.setLevel(logging.INFO)
+        alerts.propagate = False

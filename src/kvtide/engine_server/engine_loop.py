@@ -180,7 +180,9 @@ class EmulatedEngine:
             # before the outputs: a request that finishes here releases its blocks' tokens
             events = self.driver.take_events()
             if events:
-                self.publisher.publish(events, now)
+                # stamped in Unix time, as vLLM stamps its batches: a router measures the
+                # events' delay against its own time.time()
+                self.publisher.publish(events, self.clock.epoch_s(now))
         if self.telemetry is not None:
             self.telemetry.tick()  # at most once per detector interval: cheap otherwise
         if outputs:

@@ -46,6 +46,7 @@ from kvtide.gateway.status import (
     error_body,
     status_for_http,
 )
+from kvtide.gateway.telemetry import GatewayTelemetry
 from kvtide.gateway.tenants import Tenant, TenantTable
 from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, RoutingContext
 from kvtide.routing.identity import namespace_seed
@@ -130,6 +131,9 @@ class Gateway:
         self._admin_key = config.admin_key
         self._seeds: dict[tuple[str, str], int] = {}
         self._ids = itertools.count()
+        # the router's families and the fleet's early warning, after kvtide_gateway_* on /metrics
+        self.telemetry = GatewayTelemetry(self.router.health, self.index, self.clock)
+        self.metrics.attach(self.telemetry.exposition)
         self.intakes: dict[ReplicaId, EventIntake] = {}
         self.intake_tasks: dict[ReplicaId, asyncio.Task[None]] = {}
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvtide-intake")
@@ -147,11 +151,11 @@ class Gateway:
         self.checker: HealthChecker | None = None
         self.task_group: asyncio.TaskGroup | None = None
 
-    def _policy_spec(self) -> str:
+    def _policy_spec(self, spec: str | None = None) -> str:
         """Text mode's index is the shadow of the gateway's own decisions, updated at each
         dispatch: the provisional entries ``cost`` and ``precise`` keep until the engines'
         events land would duplicate it, at a cost per request, so they are off unless asked."""
-        spec = self.config.policy
+        spec = self.config.policy if spec is None else spec
         name, options = parse_router(spec)
         if self.shadow is not None and name in ("cost", "precise") and "provisional" not in options:
             spec += ":provisional=false"
@@ -194,6 +198,7 @@ class Gateway:
         self.metrics.child(self.metrics.decisions, replica.replica_id, decision.reason).inc()
         if decision.cached_tokens:
             self.metrics.predicted_cached.inc(decision.cached_tokens)
+        self.telemetry.routed(route.block_hashes)
         if self.shadow is not None:
             self.shadow.record(decision.replica, route.block_hashes)
             if self.shared is not None:
@@ -225,6 +230,7 @@ class Gateway:
         if task is not None:
             task.cancel()
         self.index.clear_replica(replica_id)
+        self.telemetry.forget(replica_id)
         if self.shadow is not None:
             self.shadow.forget(replica_id)
 
@@ -248,6 +254,7 @@ class Gateway:
             self.index,
             self.executor,
             after_commit=self.shared.write if self.shared is not None else None,
+            health=self.router.health,
         )
         self.intakes[replica.replica_id] = intake
         task = self.task_group.create_task(self._run_intake(intake))
@@ -277,6 +284,10 @@ class Gateway:
 
     def _on_down(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(0)
+
+    def _on_scraped(self, replica: Replica, body: bytes) -> None:
+        self.telemetry.scraped(replica.replica_id, body)
+        self.telemetry.tick()  # the early warning runs between the gateway's own scrapes too
 
     def _on_up(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(1)
@@ -347,16 +358,27 @@ class Gateway:
             raise ApiError(FORBIDDEN, "admin key required")
 
     def reload(self) -> None:
-        """SIGHUP: re-reads the config file and the keys file; replicas added or removed."""
+        """SIGHUP: re-reads the config file and the keys file; replicas added or removed, the
+        routing policy replaced when ``policy`` changed."""
         path = self.config.config_path
         try:
-            new = load_config(path) if path else self.config
-            new = dataclasses.replace(new, config_path=path)
+            new = load_config(path, dict(self.config.overrides)) if path else self.config
+            policy = None
+            if new.policy != self.config.policy:
+                # built before anything changes: a bad spec keeps the whole running config
+                policy = build_policy(self._policy_spec(new.policy), self.ctx)
             self.tenants.limits = new.limits
             self.tenants.load(new.api_keys)
         except KvtideError as exc:
             log.error("reload failed, keeping the running config: %s", exc)
             return
+        if policy is not None:
+            # one assignment on the loop: the next request routes with it; the index and
+            # its health stay (they live in the routing context), requests in flight finish
+            # with the policy that routed them
+            self.router.set_policy(policy)
+            log.warning("policy %s -> %s", self.config.policy, new.policy)
+            self.config = dataclasses.replace(self.config, policy=new.policy)
         wanted = {s.replica_id: s for s in new.replicas}
         if path:
             for r in list(self.replicas):
@@ -434,6 +456,8 @@ class Gateway:
         self.checker = HealthChecker(
             self.replicas, self.session, self.clock.now, t.health_s, self._on_down, self._on_up
         )
+
+        self.checker.on_scraped = self._on_scraped  # the engines' kvtide_cache_* counters
         await asyncio.gather(*(self.checker.discover(r) for r in self.replicas))
         for r in self.replicas:
             self.metrics.healthy.labels(r.replica_id).set(1)

@@ -109,6 +109,8 @@ class GatewayConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     failover: Failover = field(default_factory=Failover)
     config_path: str | None = None
+    overrides: tuple[tuple[str, Any], ...] = ()
+    """The flags given on top of the file: a reload (SIGHUP) re-reads the file under them."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -203,4 +205,5 @@ def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) ->
         if value is not None:
             raw[key] = value
     config = from_mapping(raw, path or "flags")
-    return dataclasses.replace(config, config_path=path)
+    given = tuple((k, v) for k, v in (overrides or {}).items() if v is not None)
+    return dataclasses.replace(config, config_path=path, overrides=given)

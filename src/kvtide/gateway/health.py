@@ -72,6 +72,7 @@ class HealthChecker:
         timeout_s: float,
         on_down: Callable[[Replica], None],
         on_up: Callable[[Replica], None],
+        on_scraped: Callable[[Replica, bytes], None] | None = None,
     ) -> None:
         self.replicas = replicas
         self.session = session
@@ -79,6 +80,8 @@ class HealthChecker:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.on_down = on_down
         self.on_up = on_up
+        self.on_scraped = on_scraped
+        """Receives each /metrics body read (the telemetry's engine counters)."""
 
     async def _get(self, url: str) -> bytes | None:
         try:
@@ -133,6 +136,8 @@ class HealthChecker:
         body = await self._get(replica.url + "/metrics")
         if body is not None:
             apply_scrape(replica, parse_engine_metrics(body))
+            if self.on_scraped is not None:
+                self.on_scraped(replica, body)
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(r) for r in self.replicas))

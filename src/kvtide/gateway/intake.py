@@ -6,6 +6,10 @@ a list of operations and applied on the event loop in one synchronous step. Rout
 on the loop, so a lookup never sees half a batch, and a resync (clear, then the replayed
 batches) never shows a concurrent lookup an emptied replica. An engine restart (its sequence
 numbers start again) is a new epoch: its entries are cleared before the new stream.
+
+Lag (Unix time now minus the batch's stamp, vLLM's ``time.time()``), sequence gaps and resyncs
+are counted by the worker's own ``IndexHealth`` and added to the router's (``health``) on the
+loop after each poll: the router's is read by routing and by the metrics, on the loop only.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from kvtide.clock import WallClock
+from kvtide.clock import EpochClock
 from kvtide.core.events import KVEvent
+from kvtide.routing.consistency import IndexHealth, ReplicaConsistency
 from kvtide.routing.index import IndexStore
 from kvtide.routing.ingest import Gap, SequencedIngest
 from kvtide.state.kv_events import KvEventSubscriber
@@ -84,8 +89,10 @@ class EventIntake:
         executor: ThreadPoolExecutor,
         poll_s: float = 0.05,
         after_commit: Callable[[ReplicaId, list[Op]], Awaitable[None]] | None = None,
+        health: IndexHealth | None = None,
     ) -> None:
         self.replica = replica
+        self.health = health
         self.index = index
         self.executor = executor
         self.poll_s = poll_s
@@ -101,7 +108,8 @@ class EventIntake:
             return seed
 
         self.translator = EventTranslator(block_tokens, seed_for)
-        self.ingest = EpochIngest(self._stage_apply, self._stage_clear, WallClock())
+        self.ingest = EpochIngest(self._stage_apply, self._stage_clear, EpochClock())
+        self._published = ReplicaConsistency()
         self.subscriber = EpochSubscriber(
             replica, endpoint, self.ingest, replay_endpoint=replay_endpoint
         )
@@ -142,11 +150,44 @@ class EventIntake:
             else:
                 self.index.apply_all(self.replica, events)
 
+    def publish_health(self) -> None:
+        """On the loop, between polls: what the worker's ingest counted since the last call
+        (lag samples, lost batches, gaps, resyncs), added to the router's ``health``."""
+        if self.health is None:
+            return
+        src = self.ingest.health.replicas.get(self.replica)
+        if src is None:
+            return
+        last = self._published
+        num_lag = src.num_lag_samples - last.num_lag_samples
+        lost = src.events_lost - last.events_lost
+        gaps = src.gaps - last.gaps
+        resyncs = src.resyncs - last.resyncs
+        if not (num_lag or lost or gaps or resyncs):
+            return
+        dst = self.health.replicas.get(self.replica)
+        if dst is None:
+            dst = self.health.replicas[self.replica] = ReplicaConsistency()
+        if num_lag:
+            dst.last_lag_s = src.last_lag_s
+            dst.max_lag_s = max(dst.max_lag_s, src.max_lag_s)
+            self.health.max_lag_s = max(self.health.max_lag_s, src.max_lag_s)
+            dst.sum_lag_s += src.sum_lag_s - last.sum_lag_s
+            dst.num_lag_samples += num_lag
+        # a gap is repaired (replayed or resynced) before its poll returns: trust is not
+        # touched, only the counts move
+        dst.events_lost += lost
+        dst.gaps += gaps
+        dst.resyncs += resyncs
+        last.num_lag_samples, last.sum_lag_s = src.num_lag_samples, src.sum_lag_s
+        last.events_lost, last.gaps, last.resyncs = src.events_lost, src.gaps, src.resyncs
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:
                 got, ops = await loop.run_in_executor(self.executor, self._poll)
+                self.publish_health()
                 if ops:
                     self.commit(ops)
                     if self.after_commit is not None:

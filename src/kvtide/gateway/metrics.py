@@ -1,7 +1,9 @@
-"""The gateway's Prometheus metrics, declared once, in a registry per app."""
+"""The gateway's Prometheus metrics, declared once, in a registry per app; the kvtide_router_*
+and kvtide_alert_* families (``gateway.telemetry``) are served after them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -96,6 +98,7 @@ class GatewayMetrics:
         )
 
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._more: Callable[[], bytes] = bytes
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, memoised: ``labels`` costs ~5 us a call, and a request
@@ -106,5 +109,10 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def attach(self, more: Callable[[], bytes]) -> None:
+        """``more()`` is rendered after this registry at each scrape (the telemetry's
+        exposition, collected at that moment)."""
+        self._more = more
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self._more()

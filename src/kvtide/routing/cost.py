@@ -1,9 +1,20 @@
-"""``cost``: route to the smallest estimated time to first token, in seconds.
+"""``cost``: route to the smallest estimated cost in seconds: this request's time to first
+token plus the delay its prefill adds to the requests already on the replica.
 
 TTFT(replica) = queue wait (its queued prefill tokens at the prefill rate)
-              + the prompt's own prefill given what that replica holds: device-tier blocks are
-                free, host/disk blocks are reloaded or recomputed, whichever is sooner
+              + the prompt's own prefill s given what that replica holds: device-tier blocks
+                are free, host/disk blocks are reloaded or recomputed, whichever is sooner
                 (overlapped layer by layer, as the cost model's ``onboard_time``).
+cost(replica) = TTFT + n x s, with n the requests in flight there (``num_requests``: this
+                router's and, in a gateway, those the engine reports beyond them).
+Why n x s: continuous batching shares each iteration among the running sequences (processor
+sharing), so s seconds of prefill delay each of the n requests already there by up to s (a
+waiting request's first token, a decoding one's next tokens). It is the M/M/1 marginal cost
+s / (1 - rho) with 1 + n for 1 / (1 - rho) (E[n] = rho / (1 - rho)), read from the replica's
+load instead of estimated. Without it the estimate only counts prefill not yet done, which a
+random arrival mostly finds empty at low load: a replica holding one block every prompt
+shares (a chat template's default system prompt) then wins every request by that block's
+prefill, and the others, or an engine restarted with an empty cache, get none.
 Guard rails, so that router replicas without a coordinator agree and no replica melts:
 - a hard bounded-load cap on work in seconds (``load="work"``, the default): with q_r the
   seconds of prefill queued at replica r (the queue term of the estimate) and s the request's
@@ -221,11 +232,11 @@ class CostAware(BasePolicy):
                 service_s = memo1.get(d)
                 if service_s is None:
                     service_s = memo1[d] = service_time(model, p, bt, (d, 0, 0))
-                ttft_s = r.queued_prefill_tokens * inv_rate + service_s
-                # equal times (a memory-bound prefill): the one holding more wins
-                if ttft_s < best_s or (ttft_s == best_s and d > best_d):
-                    best_s, best, best_d = ttft_s, [r], d
-                elif ttft_s == best_s and d == best_d:
+                cost_s = r.queued_prefill_tokens * inv_rate + (1 + r.num_requests) * service_s
+                # equal costs (a memory-bound prefill): the one holding more wins
+                if cost_s < best_s or (cost_s == best_s and d > best_d):
+                    best_s, best, best_d = cost_s, [r], d
+                elif cost_s == best_s and d == best_d:
                     best.append(r)
             best_blocks = (best_d, 0, 0)
         else:
@@ -238,13 +249,14 @@ class CostAware(BasePolicy):
                 service_s = memo.get(blocks)
                 if service_s is None:
                     service_s = memo[blocks] = service_time(model, p, bt, blocks)
-                ttft_s = r.queued_prefill_tokens * inv_rate + service_s
-                if ttft_s < best_s or (ttft_s == best_s and blocks > best_blocks):
-                    best_s, best, best_blocks = ttft_s, [r], blocks
-                elif ttft_s == best_s and blocks == best_blocks:
+                cost_s = r.queued_prefill_tokens * inv_rate + (1 + r.num_requests) * service_s
+                if cost_s < best_s or (cost_s == best_s and blocks > best_blocks):
+                    best_s, best, best_blocks = cost_s, [r], blocks
+                elif cost_s == best_s and blocks == best_blocks:
                     best.append(r)
         chosen = best[0] if len(best) == 1 else tie_break(key, best)
         cached = sum(best_blocks)
+        ttft_s = best_s - chosen.num_requests * service_time(model, p, bt, best_blocks)
         return RouteDecision(
             chosen.replica_id,
             self.name,
@@ -253,7 +265,7 @@ class CostAware(BasePolicy):
             cached_tokens=min(cached * bt, p),
             onboard_blocks=best_blocks[1] + best_blocks[2],
             queue_tokens=chosen.queued_prefill_tokens,
-            ttft_s=best_s,
+            ttft_s=ttft_s,
             score=best_s,
         )
 

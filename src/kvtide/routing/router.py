@@ -37,6 +37,30 @@ class Router:
         self._list = list(self.replicas.values())
         # The block size every request's hashes must be at: the index and the engines use it.
         self.block_tokens = policy.ctx.block_tokens if isinstance(policy, BasePolicy) else None
+        self.num_in_flight = 0
+        """Requests routed and not yet completed or cancelled."""
+        # After set_policy: policies replaced while requests they routed were in flight
+        # (oldest first, each with how many are left), and the ids routed since the swap.
+        self._retired: list[tuple[RoutingPolicy, int]] = []
+        self._fresh: set[object] = set()
+
+    def set_policy(self, policy: RoutingPolicy) -> None:
+        """Routes with ``policy`` from the next request on, over the same replicas (and the
+        same index and health, which live in the context, not the policy). Requests already
+        in flight complete with the policy that routed them, so its in-flight bookkeeping
+        stays whole; it is dropped once they are all done. (After two swaps in quick
+        succession the retired policies' completions are told to the oldest first.)"""
+        block_tokens = policy.ctx.block_tokens if isinstance(policy, BasePolicy) else None
+        if block_tokens != self.block_tokens:
+            raise UsageError(
+                f"the new policy works at {block_tokens}-token blocks, the router at "
+                f"{self.block_tokens}: keep RoutingContext.block_tokens"
+            )
+        left = self.num_in_flight - sum(n for _, n in self._retired)
+        if left > 0:
+            self._retired.append((self.policy, left))
+        self._fresh = set()
+        self.policy = policy
 
     def add_replica(self, replica: ReplicaState) -> None:
         self.replicas[replica.replica_id] = replica
@@ -61,7 +85,29 @@ class Router:
         decision = self.policy.choose(request, self._list if among is None else among)
         self.policy.on_dispatch(request, decision)
         self.replicas[decision.replica].dispatch(_prefill_tokens(request, decision))
+        self.num_in_flight += 1
+        if self._retired:
+            self._fresh.add(id(request))
         return decision
+
+    def _policy_of(self, request: RouteRequest) -> RoutingPolicy:
+        """The policy that routed ``request``, which is ending now."""
+        self.num_in_flight = max(self.num_in_flight - 1, 0)
+        retired = self._retired
+        if not retired:
+            return self.policy
+        key = id(request)
+        if key in self._fresh:
+            self._fresh.discard(key)
+            return self.policy
+        policy, left = retired[0]
+        if left > 1:
+            retired[0] = (policy, left - 1)
+        else:
+            retired.pop(0)
+            if not retired:
+                self._fresh = set()
+        return policy
 
     def prefill_done(
         self,
@@ -81,14 +127,14 @@ class Router:
         r = self.replicas.get(decision.replica)
         if r is not None:
             r.complete(request.prompt_tokens + output_tokens)
-        self.policy.on_complete(request, decision.replica)
+        self._policy_of(request).on_complete(request, decision.replica)
 
     def cancel(self, request: RouteRequest, decision: RouteDecision) -> None:
         """The request ended before its first token (error, abort)."""
         r = self.replicas.get(decision.replica)
         if r is not None:
             r.cancel(_prefill_tokens(request, decision))
-        self.policy.on_complete(request, decision.replica)
+        self._policy_of(request).on_complete(request, decision.replica)
 
 
 def _prefill_tokens(request: RouteRequest, decision: RouteDecision) -> int:

@@ -82,7 +82,11 @@ class RouterTelemetry:
         self.hot.add(hashes)
 
     def _add(self, metric: Metric, total: float) -> None:
-        delta = total - self._last.get(metric.name, 0.0)
+        last = self._last.get(metric.name)
+        if last is None:  # the series exists from the first collect, at 0 if nothing yet
+            last = self._last[metric.name] = 0.0
+            self.recorder.inc(metric, 0.0)
+        delta = total - last
         if delta > 0:
             self._last[metric.name] = total
             self.recorder.inc(metric, delta)
