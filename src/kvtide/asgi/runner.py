@@ -1,0 +1,127 @@
+"""Serves one raw ASGI app on Granian's embedded server, whose Rust HTTP/1 I/O runs under the
+caller's event loop (uvloop in the CLIs): the app's lifespan and background tasks live in the
+loop we own, and the signals are ours (docs/http_stack.md).
+
+SIGTERM/SIGINT: ``on_stop`` runs (a server drains its own way), then the listener closes (new
+connections are refused) while requests in flight finish; those still running ``drain_s``
+later are cancelled; then the lifespan shuts down. SIGHUP calls ``on_reload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kvtide.asgi.messages import Receive, Scope, Send
+from kvtide.errors import ConfigError
+
+log = logging.getLogger("kvtide.asgi")
+
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def check_port(host: str, port: int, flag: str = "--port") -> int:
+    """The port to serve on (a free one for 0); a ConfigError naming ``flag`` when
+    ``host:port`` cannot be bound (Granian would panic with a Rust backtrace instead)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"{flag}: cannot listen on {host}:{port}: {exc.strerror}") from None
+        return int(probe.getsockname()[1])
+
+
+class AsgiServer:
+    """``serve()`` until ``shutdown()`` (or SIGTERM / SIGINT when ``handle_signals``)."""
+
+    def __init__(
+        self,
+        app: App,
+        host: str,
+        port: int,
+        *,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+        on_reload: Callable[[], None] | None = None,
+        drain_s: float = 30.0,
+        backlog: int = 1024,
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.on_stop = on_stop
+        self.on_reload = on_reload
+        self.drain_s = drain_s
+        self.backlog = backlog
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: Any = None
+        self._stopping: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[Any]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _tracked(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # the request tasks are ours to cancel at the drain deadline (Granian's are asyncio's)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_flight.add(task)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._in_flight.discard(task)
+
+    async def serve(self, *, handle_signals: bool = True) -> None:
+        from granian.constants import Interfaces
+        from granian.server.embed import Server
+
+        self._server = Server(
+            self._tracked,
+            address=self.host,
+            port=self.port,
+            interface=Interfaces.ASGI,
+            websockets=False,
+            log_enabled=False,
+            backlog=self.backlog,
+        )
+        self.loop = loop = asyncio.get_running_loop()
+        signals: list[signal.Signals] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.shutdown)
+                signals.append(sig)
+            if self.on_reload is not None:
+                loop.add_signal_handler(signal.SIGHUP, self.on_reload)
+                signals.append(signal.SIGHUP)
+        try:
+            await self._server.serve()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def shutdown(self) -> None:
+        """Stops serving (idempotent): ``on_stop``, then the listener closes and the requests
+        in flight get ``drain_s`` to finish."""
+        if self._stopping is not None or self.loop is None:
+            return
+        self._stopping = self.loop.create_task(self._stop())
+
+    async def _stop(self) -> None:
+        if self.on_stop is not None:
+            await self.on_stop()
+        self._server.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_s
+        while self._in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._in_flight:
+            log.warning("drain: cancelling %d requests still in flight", len(self._in_flight))
+            for task in list(self._in_flight):
+                task.cancel()
