@@ -72,6 +72,18 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
+async def discard_body(receive: Receive, max_bytes: int) -> None:
+    """Reads and drops up to ``max_bytes`` more of a refused body, so that a client which
+    sends its whole body before reading the answer (urllib, curl) gets the answer rather
+    than a broken pipe."""
+    size = 0
+    while size <= max_bytes:
+        msg = await receive()
+        if msg["type"] == "http.disconnect" or not msg.get("more_body", False):
+            return
+        size += len(msg.get("body", b""))
+
+
 async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     """A whole response: start and body in two messages."""
     await send({"type": "http.response.start", "status": status, "headers": headers})

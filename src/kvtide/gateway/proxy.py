@@ -3,8 +3,8 @@
 A failure before the first byte (connect error, timeout, 5xx) books a failure against the
 replica and retries once on another one; after the first byte nothing is retried: the client
 gets one SSE error event and the end of the stream. Streams are written chunk by chunk as the
-engine sends them. A client that disconnects cancels the handler (aiohttp's
-``handler_cancellation``), which closes the upstream connection, which aborts the engine's
+engine sends them. A client that disconnects cancels the handler (``gateway.server`` watches
+for ``http.disconnect``), which closes the upstream connection, which aborts the engine's
 request.
 """
 
@@ -15,8 +15,9 @@ import re
 from collections.abc import Callable
 
 import aiohttp
-from aiohttp import web
 
+from kvtide.asgi import Send, respond
+from kvtide.asgi.messages import end_stream, send_chunk, start_stream
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import Replica, ReplicaSet
@@ -27,7 +28,7 @@ from kvtide.types import ReplicaId
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _JSON = {"Content-Type": "application/json"}
-_PASSED_HEADERS = ("Content-Type", "Cache-Control")
+_PASSED_HEADERS = (("Content-Type", b"content-type"), ("Cache-Control", b"cache-control"))
 
 
 Chosen = tuple[Replica, RouteDecision]
@@ -73,14 +74,15 @@ class Proxy:
 
     async def forward(
         self,
-        request: web.Request,
+        send: Send,
         path: str,
         payload: bytes,
         route: RouteRequest,
         model: str,
         stream: bool,
         arrival_s: float,
-    ) -> web.StreamResponse:
+    ) -> int:
+        """Answers the client through ``send``; the HTTP status it got."""
         tried = None
         last: _Failed | None = None
         for attempt in range(2):
@@ -89,11 +91,11 @@ class Proxy:
                 break
             replica, decision = chosen
             try:
-                resp = await self._attempt(
-                    request, replica, path, payload, route, decision, stream, arrival_s
+                status = await self._attempt(
+                    send, replica, path, payload, route, decision, stream, arrival_s
                 )
                 self.metrics.duration.observe(self.now_s() - arrival_s)
-                return resp
+                return status
             except _Failed as failed:
                 last = failed
                 tried = replica.replica_id
@@ -110,7 +112,7 @@ class Proxy:
 
     async def _attempt(
         self,
-        request: web.Request,
+        send: Send,
         replica: Replica,
         path: str,
         payload: bytes,
@@ -118,7 +120,7 @@ class Proxy:
         decision: RouteDecision,
         stream: bool,
         arrival_s: float,
-    ) -> web.StreamResponse:
+    ) -> int:
         replica.in_flight += 1
         gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
         gauge.inc()
@@ -134,7 +136,9 @@ class Proxy:
             if resp.status >= 500:
                 text = await _read_error(resp)
                 raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
-            headers = {h: resp.headers[h] for h in _PASSED_HEADERS if h in resp.headers}
+            headers = [
+                (k, resp.headers[h].encode()) for h, k in _PASSED_HEADERS if h in resp.headers
+            ]
             if not stream or resp.status != 200:
                 try:
                     body = await resp.read()
@@ -144,9 +148,10 @@ class Proxy:
                 booking.prefilled = True
                 replica.succeeded()
                 self.metrics.first_byte.observe(self.now_s() - arrival_s)
-                return web.Response(body=body, status=resp.status, headers=headers)
+                await respond(send, resp.status, body, headers)
+                return resp.status
             return await self._stream(
-                request, replica, resp, headers, route, decision, booking, arrival_s
+                send, replica, resp, headers, route, decision, booking, arrival_s
             )
         finally:
             replica.in_flight -= 1
@@ -160,26 +165,25 @@ class Proxy:
 
     async def _stream(
         self,
-        request: web.Request,
+        send: Send,
         replica: Replica,
         resp: aiohttp.ClientResponse,
-        headers: dict[str, str],
+        headers: list[tuple[bytes, bytes]],
         route: RouteRequest,
         decision: RouteDecision,
         booking: _Booking,
         arrival_s: float,
-    ) -> web.StreamResponse:
-        out = web.StreamResponse(status=200, headers=headers)
+    ) -> int:
         first = True
         try:
             async for chunk in resp.content.iter_any():
                 if first:
-                    await out.prepare(request)
+                    await start_stream(send, 200, headers)
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
                     first = False
                     self.metrics.first_byte.observe(self.now_s() - arrival_s)
-                await out.write(chunk)
+                await send_chunk(send, chunk)
                 if b"cached_tokens" in chunk:
                     cached = _cached_tokens(chunk)
                     if cached is not None:
@@ -190,17 +194,16 @@ class Proxy:
             replica.failed(self.now_s())
             self.metrics.upstream_errors.labels(replica.replica_id, "mid_stream").inc()
             err = ApiError(BAD_GATEWAY, f"engine {replica.replica_id} failed mid-stream: {exc}")
-            await out.write(sse_error_event(err))
-            await out.write_eof()
-            return out
+            await end_stream(send, sse_error_event(err))
+            return 200
         except asyncio.CancelledError:
             self.metrics.client_disconnects.inc()
             raise
         if first:  # an empty 200 stream: pass it on as such
-            await out.prepare(request)
+            await start_stream(send, 200, headers)
         replica.succeeded()
-        await out.write_eof()
-        return out
+        await end_stream(send)
+        return 200
 
 
 async def _read_error(resp: aiohttp.ClientResponse) -> str:
