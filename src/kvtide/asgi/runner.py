@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kvtide.asgi.messages import Receive, Scope, Send
-from kvtide.errors import ConfigError
+from kvtide.errors import ConfigError, KvtideError
 
 log = logging.getLogger("kvtide.asgi")
 
@@ -80,6 +80,7 @@ class AsgiServer:
 
     async def serve(self, *, handle_signals: bool = True) -> None:
         from granian.constants import Interfaces
+        from granian.errors import FatalError
         from granian.server.embed import Server
 
         self._server = Server(
@@ -102,6 +103,8 @@ class AsgiServer:
                 signals.append(signal.SIGHUP)
         try:
             await self._server.serve()
+        except FatalError as exc:  # the lifespan's startup failed: it logged why
+            raise KvtideError(f"the server did not start: {exc}") from None
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiohttp
 import orjson
 
 from kvtide.asgi import Send
@@ -42,6 +41,7 @@ from kvtide.gateway.status import (
     ApiError,
 )
 from kvtide.gateway.tenants import Tenant, TenantTable
+from kvtide.gateway.upstream import UpstreamPool
 from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, RoutingContext
 from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
@@ -123,7 +123,7 @@ class Gateway:
             self.shared = SharedState(
                 config.state, config.state_prefix, on_resync=self._resync_intake
             )
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: UpstreamPool | None = None
         self.proxy: Proxy | None = None
         self.checker: HealthChecker | None = None
         self.task_group: asyncio.TaskGroup | None = None
@@ -399,23 +399,17 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
         t = self.config.timeouts
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_read=t.read_s),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
-        )
+        self.pool = pool = UpstreamPool(t.connect_s, t.read_s)
         self.proxy = Proxy(
             self.replicas,
             self.router,
-            self.session,
+            pool,
             self.metrics,
             self.clock.now,
             self.choose,
         )
         self.checker = HealthChecker(
-            self.replicas, self.session, self.clock.now, t.health_s, self._on_down, self._on_up
+            self.replicas, pool, self.clock.now, t.health_s, self._on_down, self._on_up
         )
         await asyncio.gather(*(self.checker.discover(r) for r in self.replicas))
         for r in self.replicas:
@@ -441,7 +435,7 @@ class Gateway:
             self.executor.shutdown(wait=True, cancel_futures=True)
             for intake in self.intakes.values():
                 intake.close()
-            await self.session.close()
+            await pool.close()
             if self.shared is not None:
                 await self.shared.close()
 

@@ -14,21 +14,19 @@ import asyncio
 import re
 from collections.abc import Callable
 
-import aiohttp
-
 from kvtide.asgi import Send, respond
 from kvtide.asgi.messages import end_stream, send_chunk, start_stream
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
+from kvtide.gateway.upstream import Response, UpstreamPool
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
 from kvtide.types import ReplicaId
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_JSON = {"Content-Type": "application/json"}
-_PASSED_HEADERS = (("Content-Type", b"content-type"), ("Cache-Control", b"cache-control"))
+_PASSED_HEADERS = (b"content-type", b"cache-control")
 
 
 Chosen = tuple[Replica, RouteDecision]
@@ -59,14 +57,14 @@ class Proxy:
         self,
         replicas: ReplicaSet,
         router: Router,
-        session: aiohttp.ClientSession,
+        pool: UpstreamPool,
         metrics: GatewayMetrics,
         now_s: Callable[[], float],
         choose: Callable[[RouteRequest, str, ReplicaId | None], Chosen | None],
     ) -> None:
         self.replicas = replicas
         self.router = router
-        self.session = session
+        self.pool = pool
         self.metrics = metrics
         self.now_s = now_s
         self.choose = choose
@@ -125,24 +123,23 @@ class Proxy:
         gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
         gauge.inc()
         booking = _Booking()
-        resp: aiohttp.ClientResponse | None = None
+        resp: Response | None = None
         try:
             try:
-                resp = await self.session.post(replica.url + path, data=payload, headers=_JSON)
+                resp = await self.pool.request(b"POST", replica.url, path, payload)
             except TimeoutError as exc:
                 raise _Failed("timeout", exc) from exc
-            except aiohttp.ClientError as exc:
+            except (OSError, ValueError) as exc:
                 raise _Failed("connect", exc) from exc
             if resp.status >= 500:
                 text = await _read_error(resp)
                 raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
-            headers = [
-                (k, resp.headers[h].encode()) for h, k in _PASSED_HEADERS if h in resp.headers
-            ]
+            got = resp.headers
+            headers = [(h, got[h]) for h in _PASSED_HEADERS if h in got]
             if not stream or resp.status != 200:
                 try:
                     body = await resp.read()
-                except (TimeoutError, aiohttp.ClientError) as exc:
+                except (TimeoutError, OSError) as exc:
                     raise _Failed("read", exc) from exc
                 self.router.prefill_done(route, decision, _cached_tokens(body))
                 booking.prefilled = True
@@ -167,7 +164,7 @@ class Proxy:
         self,
         send: Send,
         replica: Replica,
-        resp: aiohttp.ClientResponse,
+        resp: Response,
         headers: list[tuple[bytes, bytes]],
         route: RouteRequest,
         decision: RouteDecision,
@@ -176,7 +173,7 @@ class Proxy:
     ) -> int:
         first = True
         try:
-            async for chunk in resp.content.iter_any():
+            while chunk := await resp.read_chunk():
                 if first:
                     await start_stream(send, 200, headers)
                     self.router.prefill_done(route, decision)
@@ -188,7 +185,7 @@ class Proxy:
                     cached = _cached_tokens(chunk)
                     if cached is not None:
                         self.router.health.report(decision.replica, decision.cached_tokens, cached)
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc
             replica.failed(self.now_s())
@@ -206,10 +203,10 @@ class Proxy:
         return 200
 
 
-async def _read_error(resp: aiohttp.ClientResponse) -> str:
+async def _read_error(resp: Response) -> str:
     try:
-        return (await resp.content.read(2048)).decode(errors="replace")
-    except (TimeoutError, aiohttp.ClientError):
+        return (await resp.read(2048)).decode(errors="replace")
+    except (TimeoutError, OSError):
         return ""
 
 
