@@ -1,6 +1,8 @@
-"""Serves one raw ASGI app on Granian's embedded server, whose Rust HTTP/1 I/O runs under the
-caller's event loop (uvloop in the CLIs): the app's lifespan and background tasks live in the
-loop we own, and the signals are ours (docs/http_stack.md).
+"""Serves one raw ASGI app in the caller's event loop (uvloop in the CLIs), so the app's
+lifespan and background tasks live in the loop we own and the signals are ours, on one of two
+HTTP/1 servers (docs/http_stack.md): ``granian`` (Granian's embedded server: its Rust I/O
+thread parses and writes, cheapest at high concurrency) or ``uvicorn`` (uvicorn's httptools
+protocol on the loop itself, no thread hand-off: cheapest at low concurrency).
 
 SIGTERM/SIGINT: ``on_stop`` runs (a server drains its own way), then the listener closes (new
 connections are refused) while requests in flight finish; those still running ``drain_s``
@@ -14,7 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from kvtide.asgi.messages import Receive, Scope, Send
 from kvtide.errors import ConfigError, KvtideError
@@ -22,6 +24,8 @@ from kvtide.errors import ConfigError, KvtideError
 log = logging.getLogger("kvtide.asgi")
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+HttpServer = Literal["granian", "uvicorn"]
+HTTP_SERVERS: tuple[HttpServer, ...] = ("granian", "uvicorn")
 
 
 def check_port(host: str, port: int, flag: str = "--port") -> int:
@@ -49,6 +53,7 @@ class AsgiServer:
         on_reload: Callable[[], None] | None = None,
         drain_s: float = 30.0,
         backlog: int = 1024,
+        http: HttpServer = "granian",
     ) -> None:
         self.app = app
         self.host = host
@@ -57,6 +62,7 @@ class AsgiServer:
         self.on_reload = on_reload
         self.drain_s = drain_s
         self.backlog = backlog
+        self.http = http
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
         self._stopping: asyncio.Task[None] | None = None
@@ -79,6 +85,25 @@ class AsgiServer:
             self._in_flight.discard(task)
 
     async def serve(self, *, handle_signals: bool = True) -> None:
+        self.loop = loop = asyncio.get_running_loop()
+        signals: list[signal.Signals] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.shutdown)
+                signals.append(sig)
+            if self.on_reload is not None:
+                loop.add_signal_handler(signal.SIGHUP, self.on_reload)
+                signals.append(signal.SIGHUP)
+        try:
+            if self.http == "uvicorn":
+                await self._serve_uvicorn()
+            else:
+                await self._serve_granian()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    async def _serve_granian(self) -> None:
         from granian.constants import Interfaces
         from granian.errors import FatalError
         from granian.server.embed import Server
@@ -92,22 +117,43 @@ class AsgiServer:
             log_enabled=False,
             backlog=self.backlog,
         )
-        self.loop = loop = asyncio.get_running_loop()
-        signals: list[signal.Signals] = []
-        if handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.shutdown)
-                signals.append(sig)
-            if self.on_reload is not None:
-                loop.add_signal_handler(signal.SIGHUP, self.on_reload)
-                signals.append(signal.SIGHUP)
         try:
             await self._server.serve()
         except FatalError as exc:  # the lifespan's startup failed: it logged why
             raise KvtideError(f"the server did not start: {exc}") from None
-        finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
+
+    async def _serve_uvicorn(self) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self._tracked,
+            host=self.host,
+            port=self.port,
+            loop="none",
+            http="httptools",
+            ws="none",
+            lifespan="on",
+            interface="asgi3",
+            proxy_headers=False,  # no middleware between uvicorn and the app
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            backlog=self.backlog,
+            timeout_graceful_shutdown=int(self.drain_s) + 1,  # ours cancels at drain_s
+        )
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        stopped = asyncio.Event()
+        self._server = _UvicornStop(stopped)
+        # startup/shutdown without serve(): its signal handlers and 0.1 s tick are not needed
+        try:
+            await server.startup()
+        except SystemExit:  # uvicorn's answer to a failed lifespan startup: it logged why
+            raise KvtideError("the server did not start: the lifespan startup failed") from None
+        await stopped.wait()
+        await server.shutdown()
 
     def shutdown(self) -> None:
         """Stops serving (idempotent): ``on_stop``, then the listener closes and the requests
@@ -128,3 +174,13 @@ class AsgiServer:
             log.warning("drain: cancelling %d requests still in flight", len(self._in_flight))
             for task in list(self._in_flight):
                 task.cancel()
+
+
+class _UvicornStop:
+    """``stop()`` for the uvicorn server, as Granian's server has one."""
+
+    def __init__(self, stopped: asyncio.Event) -> None:
+        self.stopped = stopped
+
+    def stop(self) -> None:
+        self.stopped.set()
