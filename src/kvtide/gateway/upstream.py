@@ -43,6 +43,7 @@ class _Conn(asyncio.Protocol):
         "headers",
         "headers_done",
         "idle_since",
+        "keep_alive",
         "key",
         "parser",
         "transport",
@@ -55,6 +56,7 @@ class _Conn(asyncio.Protocol):
         self.headers: dict[bytes, bytes] = {}
         self.header_name = b""
         self.headers_done = False
+        self.keep_alive = False
         self.complete = False
         self.body: collections.deque[bytes] = collections.deque()
         self.error: Exception | None = None
@@ -94,6 +96,8 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        # llhttp forgets it once the message is complete: ask while the head is current
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -124,7 +128,7 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
         self.headers = {}
-        self.headers_done = self.complete = False
+        self.headers_done = self.complete = self.keep_alive = False
         self.body.clear()
         self._buffered = 0
         self.error = None
@@ -210,7 +214,7 @@ class Response:
     def close(self) -> None:
         """Back to the pool after a complete keep-alive response; closed otherwise."""
         conn = self._conn
-        if conn.complete and conn.error is None and conn.parser.should_keep_alive():
+        if conn.complete and conn.error is None and conn.keep_alive:
             self._pool.release(conn)
         else:
             conn.close()
