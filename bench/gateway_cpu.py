@@ -223,10 +223,13 @@ def wait_up(url: str) -> None:
     raise TimeoutError(url)
 
 
-async def drive(url: str, n: int, conc: int, prompt_chars: int, stream: bool) -> list[float]:
+async def drive(
+    url: str, n: int, conc: int, prompt_chars: int, stream: bool, unique: bool = False
+) -> list[float]:
     lat: list[float] = []
     system = ("You are a helpful assistant. " * (prompt_chars // 29 + 1))[:prompt_chars]
     queue = list(range(n))
+    tag = f"{time.monotonic_ns()}"  # unique prompts stay unique across runs and peers
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
 
         async def worker() -> None:
@@ -235,7 +238,10 @@ async def drive(url: str, n: int, conc: int, prompt_chars: int, stream: bool) ->
                 body = {
                     "model": "m",
                     "messages": [
-                        {"role": "system", "content": system},
+                        {
+                            "role": "system",
+                            "content": f"[{tag}-{i}] {system}" if unique else system,
+                        },
                         {"role": "user", "content": f"question {i % 64}"},
                     ],
                     "max_tokens": 16,
@@ -254,9 +260,10 @@ async def drive(url: str, n: int, conc: int, prompt_chars: int, stream: bool) ->
 def measure(
     label: str, url: str, pid: int | None, args: argparse.Namespace
 ) -> tuple[float, float, float]:
-    asyncio.run(drive(url, 200, args.concurrency, args.prompt_chars, args.stream))  # warm up
+    shape = (args.prompt_chars, args.stream, args.unique_prompts)
+    asyncio.run(drive(url, 200, args.concurrency, *shape))  # warm up
     c0 = cpu_s(pid) if pid else 0.0
-    lat = asyncio.run(drive(url, args.requests, args.concurrency, args.prompt_chars, args.stream))
+    lat = asyncio.run(drive(url, args.requests, args.concurrency, *shape))
     c1 = cpu_s(pid) if pid else 0.0
     lat.sort()
     p50 = lat[len(lat) // 2] * 1e3
@@ -275,6 +282,12 @@ def main() -> None:
     p.add_argument("--tokenizer", help="passed to kvtide serve (e.g. smollm2): token mode")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--stream", action="store_true")
+    p.add_argument(
+        "--unique-prompts",
+        action="store_true",
+        help="a distinct system prompt per request: no conversation prefix to reuse (by "
+        "default every request shares one system prompt and 64 questions cycle)",
+    )
     p.add_argument("--json")
     p.add_argument(
         "--compare",
@@ -309,7 +322,8 @@ def main() -> None:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     print(
         f"gateway_cpu: rev {rev.stdout.strip()} requests {args.requests} concurrency "
-        f"{args.concurrency} prompt {args.prompt_chars} chars stream {args.stream} "
+        f"{args.concurrency} prompt {args.prompt_chars} chars (unique {args.unique_prompts}) "
+        f"stream {args.stream} "
         f"policy {args.policy} tokenizer {args.tokenizer} runs {args.runs}"
     )
     bport = free_port()
