@@ -19,7 +19,7 @@ from kvtide.errors import (
     UpstreamUnavailable,
 )
 
-__all__ = ["ApiError", "Status", "as_api_error", "error_body", "sse_error_event", "status_for_http"]
+__all__ = ["ApiError", "Status", "as_api_error", "error_body", "sse_error_event"]
 
 BAD_REQUEST = Status(400, "invalid_request_error", "invalid_request")
 UNAUTHORIZED = Status(401, "authentication_error", "invalid_api_key")
@@ -33,31 +33,6 @@ INTERNAL = Status(500, "internal_error", "internal_error")
 BAD_GATEWAY = Status(502, "upstream_error", "upstream_error")
 UNAVAILABLE = Status(503, "service_unavailable", "no_healthy_replica")
 GATEWAY_TIMEOUT = Status(504, "upstream_error", "upstream_timeout")
-
-_BY_HTTP = {
-    s.http: s
-    for s in (
-        BAD_REQUEST,
-        UNAUTHORIZED,
-        FORBIDDEN,
-        NOT_FOUND,
-        METHOD_NOT_ALLOWED,
-        TOO_LARGE,
-        RATE_LIMITED,
-        INTERNAL,
-        BAD_GATEWAY,
-        UNAVAILABLE,
-        GATEWAY_TIMEOUT,
-    )
-}
-
-
-def status_for_http(code: int) -> Status:
-    """The table's row for an HTTP status (a route's 404/405, a body's 413)."""
-    found = _BY_HTTP.get(code)
-    if found is not None:
-        return found
-    return BAD_REQUEST if code < 500 else INTERNAL
 
 
 def as_api_error(exc: BaseException) -> ApiError:
