@@ -136,7 +136,9 @@ class GatewayApp:
         except BadContentLength:
             raise ApiError(BAD_REQUEST, "bad Content-Length header") from None
         except BodyTooLarge as exc:
-            await discard_body(receive, self.max_body_bytes)
+            # read (and drop) a bounded tail: a connection closed on an unread body resets, and
+            # a client still sending (urllib, curl) would see a broken pipe, not the 413
+            await discard_body(receive, 2 * self.max_body_bytes)
             raise ApiError(
                 TOO_LARGE, f"the request body exceeds {exc.limit} bytes", "body"
             ) from None
