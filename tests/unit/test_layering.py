@@ -1,4 +1,5 @@
-"""Import arrows: costs <- core <- routing | engine <- state | telemetry <- gateway | sim <- cli.
+"""Import arrows: costs <- core <- routing | engine <- state | telemetry <- gateway | sim <- cli;
+asgi (the servers' shared HTTP layer) imports only the leaves and sits below both servers.
 
 Checked from the source with ast, so a wrong import fails here before it tangles anything.
 """
@@ -24,8 +25,10 @@ ALLOWED: dict[str, set[str]] = {
     "telemetry": {"core", "costs", "routing", "engine"},
     "tensors": {"core", "costs", "text"},
     "sim": {"core", "costs", "routing", "engine", "state", "telemetry", "workloads"},
-    "gateway": {"core", "costs", "routing", "state", "telemetry", "text", "workloads"},
+    "asgi": set(),
+    "gateway": {"asgi", "core", "costs", "routing", "state", "telemetry", "text", "workloads"},
     "engine_server": {
+        "asgi",
         "core",
         "costs",
         "routing",
@@ -45,6 +48,7 @@ FORBIDDEN_THIRD_PARTY = {
     "core": {"redis", "zmq", "httpx", "starlette", "prometheus_client", "torch", "asyncio"},
     "routing": {"redis", "zmq", "httpx", "starlette", "prometheus_client", "torch", "asyncio"},
     "workloads": {"redis", "zmq", "torch"},
+    "asgi": {"redis", "zmq", "torch", "aiohttp", "prometheus_client"},
 }
 
 

@@ -41,6 +41,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--api-keys", help="YAML file of hashed API keys -> tenants")
     p.add_argument("--admin-key", help="bearer key of the admin API (off without it)")
     p.add_argument("--tenant-secret", help="secret the per-tenant cache salts derive from")
+    p.add_argument(
+        "--http-server",
+        choices=("uvicorn", "granian"),
+        help="the HTTP/1 server under the ASGI app (default uvicorn: the cheaper per request)",
+    )
     p.add_argument("--log-level", default="warning", help="python logging level")
     p.set_defaults(func=run)
 
@@ -60,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         "admin_key": args.admin_key,
         "tenant_secret": args.tenant_secret,
         "replicas": args.replica,
+        "http_server": args.http_server,
     }
     config = load_config(args.config, overrides)
     if not config.replicas:

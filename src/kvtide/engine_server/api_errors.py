@@ -1,63 +1,19 @@
-"""HTTP errors as OpenAI-style bodies: one exception, one status table, one body shape.
-
-The body is vLLM's ``ErrorResponse``: ``{"error": {"message", "type", "param", "code"}}`` with
-the status as ``code`` and the error class name as ``type``, which the official ``openai``
-client turns into ``BadRequestError``, ``NotFoundError``, ``InternalServerError``...
+"""The engine's status table: vLLM's ``ErrorResponse`` shape, the error class name as ``type``
+and the HTTP status as ``code``, which the ``openai`` client turns into ``BadRequestError``,
+``NotFoundError``, ``InternalServerError``... (``ApiError`` itself is ``kvtide.asgi``'s.)
 """
 
 from __future__ import annotations
 
-import orjson
+from kvtide.asgi import ApiError, Status
 
-ERROR_TYPES = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    405: "MethodNotAllowedError",
-    413: "RequestEntityTooLargeError",
-    503: "ServiceUnavailableError",
-    500: "InternalServerError",
-}
-
-
-class ApiError(Exception):
-    """A request the server refuses; ``param`` names the offending field when there is one.
-    ``retry_after_s`` becomes a ``Retry-After`` header (503 when the queue is full)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.retry_after_s = retry_after_s
-
-    def body(self) -> bytes:
-        return error_body(self.status, self.message, self.param)
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        if self.retry_after_s is None:
-            return []
-        return [(b"retry-after", str(self.retry_after_s).encode())]
-
-
-def error_body(status: int, message: str, param: str | None = None) -> bytes:
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": ERROR_TYPES.get(status, "BadRequestError"),
-                "param": param,
-                "code": status,
-            }
-        }
-    )
+BAD_REQUEST = Status(400, "BadRequestError", 400)
+NOT_FOUND = Status(404, "NotFoundError", 404)
+METHOD_NOT_ALLOWED = Status(405, "MethodNotAllowedError", 405)
+TOO_LARGE = Status(413, "RequestEntityTooLargeError", 413)
+INTERNAL = Status(500, "InternalServerError", 500)
+UNAVAILABLE = Status(503, "ServiceUnavailableError", 503)
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
+    return ApiError(BAD_REQUEST, message, param=param)

@@ -15,14 +15,23 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
+from kvtide.asgi import ApiError, Disconnected, Receive, Scope, Send, read_body, respond
+from kvtide.asgi.messages import BadContentLength, BodyTooLarge, send_chunk
 from kvtide.clock import epoch_s
-from kvtide.engine_server.api_errors import ApiError, bad_request, error_body
+from kvtide.engine_server.api_errors import (
+    INTERNAL,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    TOO_LARGE,
+    UNAVAILABLE,
+    bad_request,
+)
 from kvtide.engine_server.metrics import CONTENT_TYPE, EngineMetrics
 from kvtide.engine_server.protocol import (
     Generation,
@@ -40,11 +49,6 @@ from kvtide.errors import CapacityError, ConfigError
 from kvtide.text import Tokenizer
 
 log = logging.getLogger("kvtide.engine_server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -82,10 +86,6 @@ class ApiLimits:
     max_waiting: int = 1024
     """Requests allowed to wait for admission; more get 503 with Retry-After."""
     retry_after_s: int = 1
-
-
-class _Disconnected(Exception):
-    pass
 
 
 class EngineApp:
@@ -127,17 +127,18 @@ class EngineApp:
         try:
             if handler is None:
                 if scope["path"] in self._paths:
-                    raise ApiError(405, f"method {scope['method']} not allowed")
-                raise ApiError(404, f"no route {scope['path']}")
+                    raise ApiError(METHOD_NOT_ALLOWED, f"method {scope['method']} not allowed")
+                raise ApiError(NOT_FOUND, f"no route {scope['path']}")
             await handler(scope, receive, send)
         except ApiError as exc:
-            await _respond(send, exc.status, exc.body(), JSON + exc.headers())
-        except _Disconnected:
+            await respond(send, exc.status.http, exc.body(), exc.headers())
+        except Disconnected:
             return
         except Exception:  # a bug: log it, answer 500 without a traceback, keep serving
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             with contextlib.suppress(Exception):  # the response had started, or no client
-                await _respond(send, 500, error_body(500, "internal server error"), JSON)
+                err = ApiError(INTERNAL, "internal server error")
+                await respond(send, 500, err.body(), JSON)
 
     # --- lifespan -------------------------------------------------------------------------
 
@@ -172,15 +173,15 @@ class EngineApp:
     # --- plain routes ---------------------------------------------------------------------
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 200, b"", [])
+        await respond(send, 200, b"", [])
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         lim = self.limits
         body = models_body(lim.served_model_name, self._created, lim.max_model_len)
-        await _respond(send, 200, orjson.dumps(body), JSON)
+        await respond(send, 200, orjson.dumps(body), JSON)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _respond(send, 200, self.metrics.render(), [(b"content-type", CONTENT_TYPE.encode())])
+        await respond(send, 200, self.metrics.render(), [(b"content-type", CONTENT_TYPE.encode())])
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = parse_tokenize(await self._json(scope, receive))
@@ -196,14 +197,14 @@ class EngineApp:
             "tokens": ids,
             "token_strs": None,
         }
-        await _respond(send, 200, orjson.dumps(body), JSON)
+        await respond(send, 200, orjson.dumps(body), JSON)
 
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         model, ids = parse_detokenize(await self._json(scope, receive))
         self._check_model(model)
         self._check_ids(ids, "tokens")
         body = {"prompt": self.tokenizer.decode(ids)}
-        await _respond(send, 200, orjson.dumps(body), JSON)
+        await respond(send, 200, orjson.dumps(body), JSON)
 
     # --- generation -----------------------------------------------------------------------
 
@@ -217,7 +218,9 @@ class EngineApp:
         lim = self.limits
         self._check_model(gen.model)
         if self.draining:
-            raise ApiError(503, "the server is shutting down", retry_after_s=lim.retry_after_s)
+            raise ApiError(
+                UNAVAILABLE, "the server is shutting down", retry_after_s=lim.retry_after_s
+            )
         ids = self._prompt_ids(gen)
         room = lim.max_model_len - len(ids)
         max_tokens = gen.max_tokens
@@ -234,7 +237,7 @@ class EngineApp:
         backend = self.backend
         if backend.num_waiting >= lim.max_waiting:
             raise ApiError(
-                503,
+                UNAVAILABLE,
                 f"the engine's queue is full ({backend.num_waiting} requests waiting)",
                 retry_after_s=lim.retry_after_s,
             )
@@ -273,14 +276,14 @@ class EngineApp:
         build = completion_body if gen.kind == "completion" else chat_body
         use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
         body = build(rid, epoch_s(), self.limits.served_model_name, text, finish, stop.matched, use)
-        await _respond(send, 200, orjson.dumps(body), JSON)
+        await respond(send, 200, orjson.dumps(body), JSON)
 
     async def _stream(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
         frame = _Frames(gen.kind, rid, epoch_s(), self._model_json)
         stop = StopMatcher(gen.stop)
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         if gen.kind == "chat":
-            await _body(send, frame.role())
+            await send_chunk(send, frame.role())
         while True:
             texts = await stream.take()
             finish: str | None = None
@@ -307,7 +310,7 @@ class EngineApp:
                 await send({"type": "http.response.body", "body": b"".join(out)})
                 return
             if out:
-                await _body(send, b"".join(out))
+                await send_chunk(send, b"".join(out))
 
     def _stopped(self, rid: str, stream: RequestStream) -> None:
         """A stop string ended the request: it finishes as "stop" and leaves the engine."""
@@ -318,36 +321,22 @@ class EngineApp:
 
     async def _json(self, scope: Scope, receive: Receive) -> Any:
         limit = self.limits.max_body_bytes
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    raise bad_request("bad Content-Length header") from None
-                if declared > limit:
-                    raise ApiError(413, f"request body of {declared} bytes exceeds {limit}")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"request body exceeds {limit} bytes")
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
         try:
-            return orjson.loads(b"".join(chunks))
+            raw = await read_body(scope, receive, limit)
+        except BadContentLength:
+            raise bad_request("bad Content-Length header") from None
+        except BodyTooLarge as exc:
+            size = f"of {exc.declared} bytes " if exc.declared is not None else ""
+            raise ApiError(TOO_LARGE, f"request body {size}exceeds {limit} bytes") from None
+        try:
+            return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise bad_request(f"malformed JSON body: {exc}") from None
 
     def _check_model(self, model: str | None) -> None:
         name = self.limits.served_model_name
         if model is not None and model != name:
-            raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+            raise ApiError(NOT_FOUND, f"The model `{model}` does not exist.", param="model")
 
     def _check_ids(self, ids: tuple[int, ...] | list[int], param: str) -> None:
         vocab = self.tokenizer.vocab_size
@@ -454,14 +443,3 @@ async def _watch_disconnect(receive: Receive, backend: Backend, rid: str) -> Non
         if msg["type"] == "http.disconnect":
             backend.abort(rid)
             return
-
-
-async def _body(send: Send, data: bytes) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": True})
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
-) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

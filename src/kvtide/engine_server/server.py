@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import zmq
 
+from kvtide.asgi import AsgiServer, check_port
 from kvtide.clock import ScaledClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
@@ -186,28 +184,17 @@ class EngineServer:
     def __init__(self, config: ServerConfig, built: Built | None = None) -> None:
         self.config = config
         self.built = built or build(config)
-        self._server: Any = None
-        self._stopping: asyncio.Task[None] | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
+        # the engine drains before the listener closes: new generations get 503 meanwhile
+        self.http = AsgiServer(
+            self.built.app, config.host, config.port, on_stop=self.built.app.drain
+        )
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self.http.loop
 
     async def serve(self, *, handle_signals: bool = True) -> None:
-        from granian.constants import Interfaces
-        from granian.server.embed import Server
-
         config, built = self.config, self.built
-        self._server = Server(
-            built.app,
-            address=config.host,
-            port=config.port,
-            interface=Interfaces.ASGI,
-            websockets=False,
-            log_enabled=False,
-            backlog=1024,
-        )
-        self.loop = loop = asyncio.get_running_loop()
-        if handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.shutdown)
         print(
             f"kvtide engine: serving {config.name} on http://{config.host}:{config.port}"
             + _events_line(built),
@@ -215,20 +202,15 @@ class EngineServer:
             flush=True,
         )
         try:
-            await self._server.serve()
+            await self.http.serve(handle_signals=handle_signals)
         finally:
             built.close()
 
     def shutdown(self) -> None:
         """Drains (new generations get 503, those in flight finish), then stops serving."""
-        if self._stopping is not None or self.loop is None:
-            return
-        log.warning("draining: no new requests; waiting for those in flight")
-        self._stopping = self.loop.create_task(self._drain_then_stop())
-
-    async def _drain_then_stop(self) -> None:
-        await self.built.app.drain()
-        self._server.stop()
+        if self.http.loop is not None:
+            log.warning("draining: no new requests; waiting for those in flight")
+        self.http.shutdown()
 
 
 def _events_line(built: Built) -> str:
@@ -236,17 +218,6 @@ def _events_line(built: Built) -> str:
         return ""
     pub = built.publisher.publisher
     return f"; KV events on {pub.bound_endpoint} (replay {pub.bound_replay_endpoint})"
-
-
-def check_port(host: str, port: int) -> None:
-    """A ConfigError naming the flag when ``host:port`` cannot be bound (Granian would panic
-    with a Rust backtrace instead)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"--port: cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 def run(config: ServerConfig) -> None:

@@ -5,7 +5,7 @@ Start it with ``kvtide serve`` or ``serve(GatewayConfig(...))``; build the app i
 ``build_app`` (tests, embedding).
 """
 
-from kvtide.gateway.app import build_app, serve
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
+from kvtide.gateway.server import build_app, serve
 
 __all__ = ["GatewayConfig", "ReplicaSpec", "build_app", "load_config", "serve"]

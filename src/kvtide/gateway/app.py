@@ -1,9 +1,9 @@
-"""The gateway app: OpenAI endpoints, health, readiness, metrics and the admin API.
+"""The gateway's state and request logic, independent of the HTTP server.
 
 ``Gateway`` holds the routing state (one ``routing.Router`` over every replica, the index its
-policy reads) and the engines' connection pool; ``build_app`` wires it into an aiohttp app
-whose lifespan owns the background loops (health checks, load scraping, KV-event intake) in
-one ``TaskGroup``; ``serve`` runs it until SIGTERM/SIGINT (drain) and reloads on SIGHUP.
+policy reads) and the engines' connection pool; its ``lifespan`` owns the background loops
+(health checks, load scraping, KV-event intake) in one ``TaskGroup``. ``gateway.server`` puts
+it behind the ASGI routes and serves it.
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ import hmac
 import itertools
 import logging
 import secrets
-import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiohttp
 import orjson
-from aiohttp import web
 
+from kvtide.asgi import Send
 from kvtide.clock import Clock, WallClock
-from kvtide.errors import ConfigError, KvtideError
+from kvtide.errors import KvtideError
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
 from kvtide.gateway.health import HealthChecker
 from kvtide.gateway.intake import EventIntake
@@ -42,12 +39,10 @@ from kvtide.gateway.status import (
     NOT_FOUND,
     UNAVAILABLE,
     ApiError,
-    as_api_error,
-    error_body,
-    status_for_http,
 )
 from kvtide.gateway.telemetry import GatewayTelemetry
 from kvtide.gateway.tenants import Tenant, TenantTable
+from kvtide.gateway.upstream import UpstreamPool
 from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, RoutingContext
 from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
@@ -146,7 +141,7 @@ class Gateway:
                 on_resync=self._resync_intake,
                 shadow_ttl_s=None if self.prompts.is_exact else SHADOW_TTL_S,
             )
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: UpstreamPool | None = None
         self.proxy: Proxy | None = None
         self.checker: HealthChecker | None = None
         self.task_group: asyncio.TaskGroup | None = None
@@ -297,12 +292,15 @@ class Gateway:
 
     # --- requests ------------------------------------------------------------------------
 
-    async def complete(self, request: web.Request, path: str, is_chat: bool) -> web.StreamResponse:
+    async def complete(
+        self, send: Send, path: str, is_chat: bool, authorization: str | None, raw: bytes
+    ) -> int:
+        """Answers one completion (``raw``: its body) through ``send``; the HTTP status."""
         if self.draining:
             raise ApiError(UNAVAILABLE, "the gateway is draining", retry_after_s=1.0)
         arrival_s = self.clock.now()
-        tenant = self.tenants.authenticate(request.headers.get("Authorization"))
-        body = _json_object(await request.read())
+        tenant = self.tenants.authenticate(authorization)
+        body = json_object(raw)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ApiError(BAD_REQUEST, "'model' must be a non-empty string", "model")
@@ -317,14 +315,14 @@ class Gateway:
         self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
         try:
             return await self._forward(
-                request, path, body, tenant, prompt, model, stream, max_tokens, arrival_s
+                send, path, body, tenant, prompt, model, stream, max_tokens, arrival_s
             )
         finally:
             self.tenants.release(tenant)
 
     async def _forward(
         self,
-        request: web.Request,
+        send: Send,
         path: str,
         body: dict[str, Any],
         tenant: Tenant,
@@ -333,7 +331,7 @@ class Gateway:
         stream: bool,
         max_tokens: int,
         arrival_s: float,
-    ) -> web.StreamResponse:
+    ) -> int:
         # the client's cache_salt never reaches an engine: the tenant's secret salt does
         body.pop("cache_salt", None)
         if tenant.salt:
@@ -345,15 +343,15 @@ class Gateway:
             if match is not None:
                 route = dataclasses.replace(route, prefix_match=match)
         payload = orjson.dumps(body)
-        return await self.proxy.forward(request, path, payload, route, model, stream, arrival_s)
+        return await self.proxy.forward(send, path, payload, route, model, stream, arrival_s)
 
     # --- admin -----------------------------------------------------------------------------
 
-    def check_admin(self, request: web.Request) -> None:
+    def check_admin(self, authorization: str | None) -> None:
         key = self._admin_key
         if key is None:
             raise ApiError(FORBIDDEN, "the admin API is off (start with --admin-key)")
-        given = request.headers.get("Authorization", "")
+        given = authorization or ""
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
             raise ApiError(FORBIDDEN, "admin key required")
 
@@ -436,25 +434,20 @@ class Gateway:
 
     # --- lifespan ----------------------------------------------------------------------------
 
-    async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
         t = self.config.timeouts
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0, ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_read=t.read_s),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
-        )
+        self.pool = pool = UpstreamPool(t.connect_s, t.read_s)
         self.proxy = Proxy(
             self.replicas,
             self.router,
-            self.session,
+            pool,
             self.metrics,
             self.clock.now,
             self.choose,
         )
         self.checker = HealthChecker(
-            self.replicas, self.session, self.clock.now, t.health_s, self._on_down, self._on_up
+            self.replicas, pool, self.clock.now, t.health_s, self._on_down, self._on_up
         )
 
         self.checker.on_scraped = self._on_scraped  # the engines' kvtide_cache_* counters
@@ -484,7 +477,7 @@ class Gateway:
             self.executor.shutdown(wait=True, cancel_futures=True)
             for intake in self.intakes.values():
                 intake.close()
-            await self.session.close()
+            await pool.close()
             if self.shared is not None:
                 await self.shared.close()
 
@@ -500,7 +493,7 @@ async def _every(period_s: float, fn: Callable[[], Awaitable[None]]) -> None:
             log.exception("background loop %s failed; continuing", fn)
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -519,176 +512,3 @@ def _max_tokens(body: dict[str, Any]) -> int:
             raise ApiError(BAD_REQUEST, f"'{key}' must be an integer >= 1", key)
         return value
     return 16
-
-
-# --- HTTP ------------------------------------------------------------------------------------
-
-
-def _error_response(err: ApiError) -> web.Response:
-    headers = {}
-    if err.retry_after_s is not None:
-        headers["Retry-After"] = str(max(int(err.retry_after_s), 1))
-    return web.Response(
-        body=error_body(err),
-        status=err.status.http,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-def build_app(gateway: Gateway) -> web.Application:
-    metrics = gateway.metrics
-
-    @web.middleware
-    async def errors(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        endpoint = (
-            request.match_info.route.resource.canonical
-            if request.match_info.route.resource
-            else "other"
-        )
-        try:
-            resp = await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            resp = _error_response(ApiError(status_for_http(exc.status), exc.reason))
-        except Exception as exc:
-            err = as_api_error(exc)
-            if err.status.http >= 500 and not isinstance(exc, KvtideError):
-                log.exception("unexpected error on %s", request.path)
-            if 400 <= err.status.http < 500:
-                metrics.rejected.labels(err.status.code).inc()
-            resp = _error_response(err)
-        metrics.child(metrics.requests, endpoint, str(resp.status)).inc()
-        return resp
-
-    app = web.Application(
-        client_max_size=gateway.config.limits.max_body_bytes, middlewares=[errors]
-    )
-    app["gateway"] = gateway
-    app.cleanup_ctx.append(gateway.lifespan)
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        return await gateway.complete(request, "/v1/chat/completions", True)
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        return await gateway.complete(request, "/v1/completions", False)
-
-    async def models(request: web.Request) -> web.Response:
-        gateway.tenants.authenticate(request.headers.get("Authorization"))
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "kvtide"}
-            for m in gateway.replicas.models()
-        ]
-        return web.json_response({"object": "list", "data": data}, dumps=_dumps)
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def ready(request: web.Request) -> web.Response:
-        ok, body = gateway.ready()
-        return web.json_response(body, status=200 if ok else 503, dumps=_dumps)
-
-    async def prometheus(request: web.Request) -> web.Response:
-        # Degraded is decided wherever a Redis call fails, not only in the maintenance tick:
-        # read it at scrape time so the gauge never disagrees with /ready.
-        if gateway.shared is not None:
-            metrics.state_degraded.set(1 if gateway.shared.degraded else 0)
-        return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
-
-    async def list_replicas(request: web.Request) -> web.Response:
-        gateway.check_admin(request)
-        return web.json_response(gateway.ready()[1]["replicas"], dumps=_dumps)
-
-    async def add_replica(request: web.Request) -> web.Response:
-        gateway.check_admin(request)
-        body = _json_object(await request.read())
-        url = body.get("url")
-        if not isinstance(url, str):
-            raise ApiError(BAD_REQUEST, "'url' must be a string", "url")
-        try:
-            spec = ReplicaSpec.parse(url)
-            spec = dataclasses.replace(
-                spec,
-                model=body.get("model") or spec.model,
-                events=body.get("events") or spec.events,
-                replay=body.get("replay") or spec.replay,
-            )
-        except ConfigError as exc:
-            raise ApiError(BAD_REQUEST, str(exc), "url") from exc
-        replica = gateway.add_replica(spec)
-        return web.json_response({"id": replica.replica_id}, status=201)
-
-    def _replica(request: web.Request) -> Replica:
-        gateway.check_admin(request)
-        replica = gateway.replicas.get(request.match_info["replica"])
-        if replica is None:
-            raise ApiError(NOT_FOUND, f"no replica {request.match_info['replica']}", "replica")
-        return replica
-
-    async def drain_replica(request: web.Request) -> web.Response:
-        replica = _replica(request)
-        replica.draining = True
-        replica.state.healthy = False
-        return web.json_response({"id": replica.replica_id, "in_flight": replica.in_flight})
-
-    async def remove_replica(request: web.Request) -> web.Response:
-        replica = _replica(request)
-        gateway.remove_replica(replica.replica_id)
-        return web.json_response({"id": replica.replica_id, "removed": True})
-
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", prometheus)
-    app.router.add_get("/admin/replicas", list_replicas)
-    app.router.add_post("/admin/replicas", add_replica)
-    app.router.add_post("/admin/replicas/{replica}/drain", drain_replica)
-    app.router.add_delete("/admin/replicas/{replica}", remove_replica)
-    return app
-
-
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
-
-
-async def run(config: GatewayConfig, started: Callable[[str], None] | None = None) -> None:
-    """Serves until SIGTERM or SIGINT, then drains (no new requests; in-flight ones get up to
-    ``timeouts.drain_s``); SIGHUP reloads."""
-    gateway = Gateway(config)
-    app = build_app(gateway)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, shutdown_timeout=config.timeouts.drain_s)
-    await site.start()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, gateway.reload)
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    host, port = sockets[0].getsockname()[:2] if sockets else (config.host, config.port)
-    url = f"http://{host}:{port}"
-    (started or (lambda u: print(f"kvtide serve: listening on {u}", file=sys.stderr, flush=True)))(
-        url
-    )
-    try:
-        await stop.wait()
-    finally:
-        gateway.draining = True
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
-        await runner.cleanup()
-
-
-def serve(config: GatewayConfig) -> None:
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    asyncio.run(run(config))

@@ -108,6 +108,9 @@ class GatewayConfig:
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     failover: Failover = field(default_factory=Failover)
+    http_server: str = "uvicorn"
+    """The HTTP/1 server under the ASGI app: ``uvicorn`` (in the loop, the cheaper per request
+    at the concurrencies measured, docs/http_stack.md) or ``granian`` (its Rust I/O thread)."""
     config_path: str | None = None
     overrides: tuple[tuple[str, Any], ...] = ()
     """The flags given on top of the file: a reload (SIGHUP) re-reads the file under them."""
@@ -121,6 +124,8 @@ class GatewayConfig:
             raise ConfigError(f"prefix_cache_tokens: must be >= 0, got {self.prefix_cache_tokens}")
         if self.state != "local" and not self.state.startswith(("redis://", "rediss://")):
             raise ConfigError(f"state: expected local or redis://..., got {self.state!r}")
+        if self.http_server not in ("uvicorn", "granian"):
+            raise ConfigError(f"http_server: expected uvicorn or granian, got {self.http_server!r}")
         ids = [r.replica_id for r in self.replicas]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"replicas: the same host:port twice in {ids}")

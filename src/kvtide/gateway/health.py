@@ -15,10 +15,10 @@ import logging
 import re
 from collections.abc import Callable
 
-import aiohttp
 import orjson
 
 from kvtide.gateway.replicas import Replica, ReplicaSet
+from kvtide.gateway.upstream import UpstreamPool
 
 log = logging.getLogger("kvtide.gateway")
 
@@ -67,7 +67,7 @@ class HealthChecker:
     def __init__(
         self,
         replicas: ReplicaSet,
-        session: aiohttp.ClientSession,
+        pool: UpstreamPool,
         now_s: Callable[[], float],
         timeout_s: float,
         on_down: Callable[[Replica], None],
@@ -75,26 +75,20 @@ class HealthChecker:
         on_scraped: Callable[[Replica, bytes], None] | None = None,
     ) -> None:
         self.replicas = replicas
-        self.session = session
+        self.pool = pool
         self.now_s = now_s
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout_s = timeout_s
         self.on_down = on_down
         self.on_up = on_up
         self.on_scraped = on_scraped
         """Receives each /metrics body read (the telemetry's engine counters)."""
 
-    async def _get(self, url: str) -> bytes | None:
-        try:
-            async with self.session.get(url, timeout=self.timeout) as resp:
-                if resp.status != 200:
-                    return None
-                return await resp.read()
-        except (TimeoutError, aiohttp.ClientError):
-            return None
+    async def _get(self, base_url: str, path: str) -> bytes | None:
+        return await self.pool.get(base_url, path, self.timeout_s)
 
     async def discover(self, replica: Replica) -> bool:
         """Reads the replica's models; False when it does not answer."""
-        body = await self._get(replica.url + "/v1/models")
+        body = await self._get(replica.url, "/v1/models")
         if body is None:
             return False
         try:
@@ -108,7 +102,7 @@ class HealthChecker:
         return True
 
     async def check(self, replica: Replica) -> None:
-        ok = await self._get(replica.url + "/health") is not None
+        ok = await self._get(replica.url, "/health") is not None
         now = self.now_s()
         if ok:
             if replica.is_down and now >= replica.ejected_until_s:
@@ -133,7 +127,7 @@ class HealthChecker:
     async def scrape(self, replica: Replica) -> None:
         if replica.is_down:
             return
-        body = await self._get(replica.url + "/metrics")
+        body = await self._get(replica.url, "/metrics")
         if body is not None:
             apply_scrape(replica, parse_engine_metrics(body))
             if self.on_scraped is not None:

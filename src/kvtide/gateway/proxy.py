@@ -3,8 +3,8 @@
 A failure before the first byte (connect error, timeout, 5xx) books a failure against the
 replica and retries once on another one; after the first byte nothing is retried: the client
 gets one SSE error event and the end of the stream. Streams are written chunk by chunk as the
-engine sends them. A client that disconnects cancels the handler (aiohttp's
-``handler_cancellation``), which closes the upstream connection, which aborts the engine's
+engine sends them. A client that disconnects cancels the handler (``gateway.server`` watches
+for ``http.disconnect``), which closes the upstream connection, which aborts the engine's
 request.
 """
 
@@ -14,20 +14,19 @@ import asyncio
 import re
 from collections.abc import Callable
 
-import aiohttp
-from aiohttp import web
-
+from kvtide.asgi import Send, respond
+from kvtide.asgi.messages import end_stream, send_chunk, start_stream
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
+from kvtide.gateway.upstream import Response, UpstreamPool
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
 from kvtide.types import ReplicaId
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_JSON = {"Content-Type": "application/json"}
-_PASSED_HEADERS = ("Content-Type", "Cache-Control")
+_PASSED_HEADERS = (b"content-type", b"cache-control")
 
 
 Chosen = tuple[Replica, RouteDecision]
@@ -58,14 +57,14 @@ class Proxy:
         self,
         replicas: ReplicaSet,
         router: Router,
-        session: aiohttp.ClientSession,
+        pool: UpstreamPool,
         metrics: GatewayMetrics,
         now_s: Callable[[], float],
         choose: Callable[[RouteRequest, str, ReplicaId | None], Chosen | None],
     ) -> None:
         self.replicas = replicas
         self.router = router
-        self.session = session
+        self.pool = pool
         self.metrics = metrics
         self.now_s = now_s
         self.choose = choose
@@ -73,14 +72,15 @@ class Proxy:
 
     async def forward(
         self,
-        request: web.Request,
+        send: Send,
         path: str,
         payload: bytes,
         route: RouteRequest,
         model: str,
         stream: bool,
         arrival_s: float,
-    ) -> web.StreamResponse:
+    ) -> int:
+        """Answers the client through ``send``; the HTTP status it got."""
         tried = None
         last: _Failed | None = None
         for attempt in range(2):
@@ -89,11 +89,11 @@ class Proxy:
                 break
             replica, decision = chosen
             try:
-                resp = await self._attempt(
-                    request, replica, path, payload, route, decision, stream, arrival_s
+                status = await self._attempt(
+                    send, replica, path, payload, route, decision, stream, arrival_s
                 )
                 self.metrics.duration.observe(self.now_s() - arrival_s)
-                return resp
+                return status
             except _Failed as failed:
                 last = failed
                 tried = replica.replica_id
@@ -110,7 +110,7 @@ class Proxy:
 
     async def _attempt(
         self,
-        request: web.Request,
+        send: Send,
         replica: Replica,
         path: str,
         payload: bytes,
@@ -118,35 +118,37 @@ class Proxy:
         decision: RouteDecision,
         stream: bool,
         arrival_s: float,
-    ) -> web.StreamResponse:
+    ) -> int:
         replica.in_flight += 1
         gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
         gauge.inc()
         booking = _Booking()
-        resp: aiohttp.ClientResponse | None = None
+        resp: Response | None = None
         try:
             try:
-                resp = await self.session.post(replica.url + path, data=payload, headers=_JSON)
+                resp = await self.pool.request(b"POST", replica.url, path, payload)
             except TimeoutError as exc:
                 raise _Failed("timeout", exc) from exc
-            except aiohttp.ClientError as exc:
+            except (OSError, ValueError) as exc:
                 raise _Failed("connect", exc) from exc
             if resp.status >= 500:
                 text = await _read_error(resp)
                 raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
-            headers = {h: resp.headers[h] for h in _PASSED_HEADERS if h in resp.headers}
+            got = resp.headers
+            headers = [(h, got[h]) for h in _PASSED_HEADERS if h in got]
             if not stream or resp.status != 200:
                 try:
                     body = await resp.read()
-                except (TimeoutError, aiohttp.ClientError) as exc:
+                except (TimeoutError, OSError) as exc:
                     raise _Failed("read", exc) from exc
                 self.router.prefill_done(route, decision, _cached_tokens(body))
                 booking.prefilled = True
                 replica.succeeded()
                 self.metrics.first_byte.observe(self.now_s() - arrival_s)
-                return web.Response(body=body, status=resp.status, headers=headers)
+                await respond(send, resp.status, body, headers)
+                return resp.status
             return await self._stream(
-                request, replica, resp, headers, route, decision, booking, arrival_s
+                send, replica, resp, headers, route, decision, booking, arrival_s
             )
         finally:
             replica.in_flight -= 1
@@ -160,53 +162,51 @@ class Proxy:
 
     async def _stream(
         self,
-        request: web.Request,
+        send: Send,
         replica: Replica,
-        resp: aiohttp.ClientResponse,
-        headers: dict[str, str],
+        resp: Response,
+        headers: list[tuple[bytes, bytes]],
         route: RouteRequest,
         decision: RouteDecision,
         booking: _Booking,
         arrival_s: float,
-    ) -> web.StreamResponse:
-        out = web.StreamResponse(status=200, headers=headers)
+    ) -> int:
         first = True
         try:
-            async for chunk in resp.content.iter_any():
+            while chunk := await resp.read_chunk():
                 if first:
-                    await out.prepare(request)
+                    await start_stream(send, 200, headers)
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
                     first = False
                     self.metrics.first_byte.observe(self.now_s() - arrival_s)
-                await out.write(chunk)
+                await send_chunk(send, chunk)
                 if b"cached_tokens" in chunk:
                     cached = _cached_tokens(chunk)
                     if cached is not None:
                         self.router.health.report(decision.replica, decision.cached_tokens, cached)
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc
             replica.failed(self.now_s())
             self.metrics.upstream_errors.labels(replica.replica_id, "mid_stream").inc()
             err = ApiError(BAD_GATEWAY, f"engine {replica.replica_id} failed mid-stream: {exc}")
-            await out.write(sse_error_event(err))
-            await out.write_eof()
-            return out
+            await end_stream(send, sse_error_event(err))
+            return 200
         except asyncio.CancelledError:
             self.metrics.client_disconnects.inc()
             raise
         if first:  # an empty 200 stream: pass it on as such
-            await out.prepare(request)
+            await start_stream(send, 200, headers)
         replica.succeeded()
-        await out.write_eof()
-        return out
+        await end_stream(send)
+        return 200
 
 
-async def _read_error(resp: aiohttp.ClientResponse) -> str:
+async def _read_error(resp: Response) -> str:
     try:
-        return (await resp.content.read(2048)).decode(errors="replace")
-    except (TimeoutError, aiohttp.ClientError):
+        return (await resp.read(2048)).decode(errors="replace")
+    except (TimeoutError, OSError):
         return ""
 
 

@@ -1,4 +1,5 @@
-"""One status table: every error the gateway answers, as an OpenAI-style body.
+"""The gateway's status table: every error it answers, as an OpenAI-style body
+(``kvtide.asgi``'s ``ApiError`` and body shape, with OpenAI's ``type`` and ``code`` strings).
 
 ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status and ``type`` the
 ``openai`` client maps to its exception classes (400 BadRequestError, 401
@@ -8,13 +9,9 @@ AuthenticationError, 404 NotFoundError, 413 and 422 APIStatusError, 429 RateLimi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import orjson
-
+from kvtide.asgi import ApiError, Status, error_body, sse_error_event
 from kvtide.errors import (
     ConfigError,
-    KvtideError,
     NoHealthyReplica,
     StateStoreError,
     UpstreamError,
@@ -22,13 +19,7 @@ from kvtide.errors import (
     UpstreamUnavailable,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    http: int
-    type: str
-    code: str
-
+__all__ = ["ApiError", "Status", "as_api_error", "error_body", "sse_error_event"]
 
 BAD_REQUEST = Status(400, "invalid_request_error", "invalid_request")
 UNAUTHORIZED = Status(401, "authentication_error", "invalid_api_key")
@@ -42,48 +33,6 @@ INTERNAL = Status(500, "internal_error", "internal_error")
 BAD_GATEWAY = Status(502, "upstream_error", "upstream_error")
 UNAVAILABLE = Status(503, "service_unavailable", "no_healthy_replica")
 GATEWAY_TIMEOUT = Status(504, "upstream_error", "upstream_timeout")
-
-_BY_HTTP = {
-    s.http: s
-    for s in (
-        BAD_REQUEST,
-        UNAUTHORIZED,
-        FORBIDDEN,
-        NOT_FOUND,
-        METHOD_NOT_ALLOWED,
-        TOO_LARGE,
-        RATE_LIMITED,
-        INTERNAL,
-        BAD_GATEWAY,
-        UNAVAILABLE,
-        GATEWAY_TIMEOUT,
-    )
-}
-
-
-class ApiError(KvtideError):
-    """An error answered to the client; ``retry_after_s`` adds a ``Retry-After`` header."""
-
-    def __init__(
-        self,
-        status: Status,
-        message: str,
-        param: str | None = None,
-        retry_after_s: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.retry_after_s = retry_after_s
-
-
-def status_for_http(code: int) -> Status:
-    """The table's row for an HTTP status (aiohttp's own 404/405/413 go through here)."""
-    found = _BY_HTTP.get(code)
-    if found is not None:
-        return found
-    return BAD_REQUEST if code < 500 else INTERNAL
 
 
 def as_api_error(exc: BaseException) -> ApiError:
@@ -101,22 +50,3 @@ def as_api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ConfigError):
         return ApiError(BAD_REQUEST, str(exc))
     return ApiError(INTERNAL, "internal error")
-
-
-def error_body(err: ApiError) -> bytes:
-    return orjson.dumps(
-        {
-            "error": {
-                "message": err.message,
-                "type": err.status.type,
-                "param": err.param,
-                "code": err.status.code,
-            }
-        }
-    )
-
-
-def sse_error_event(err: ApiError) -> bytes:
-    """An error after the first byte of a stream: one SSE event the ``openai`` client raises
-    as ``APIError``, then the stream ends."""
-    return b"data: " + error_body(err) + b"\n\n"

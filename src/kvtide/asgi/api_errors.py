@@ -1,0 +1,70 @@
+"""The error a server answers, in the OpenAI body shape both servers use.
+
+``{"error": {"message", "type", "param", "code"}}``: each server keeps its own status table
+(the gateway OpenAI's ``type``/``code`` strings, the engine vLLM's class names and numeric
+codes), both as ``Status`` rows, and raises ``ApiError`` with one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from kvtide.errors import KvtideError
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A row of a server's status table: the HTTP status and the body's ``type`` and ``code``."""
+
+    http: int
+    type: str
+    code: str | int
+
+
+class ApiError(KvtideError):
+    """A request the server refuses; ``param`` names the offending field when there is one,
+    ``retry_after_s`` adds a ``Retry-After`` header (whole seconds, at least 1)."""
+
+    def __init__(
+        self,
+        status: Status,
+        message: str,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> bytes:
+        return error_body(self)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The ASGI response headers: JSON, and ``Retry-After`` when set."""
+        out = [(b"content-type", b"application/json")]
+        if self.retry_after_s is not None:
+            out.append((b"retry-after", str(max(int(self.retry_after_s), 1)).encode()))
+        return out
+
+
+def error_body(err: ApiError) -> bytes:
+    return orjson.dumps(
+        {
+            "error": {
+                "message": err.message,
+                "type": err.status.type,
+                "param": err.param,
+                "code": err.status.code,
+            }
+        }
+    )
+
+
+def sse_error_event(err: ApiError) -> bytes:
+    """An error after the first byte of a stream: one SSE event the ``openai`` client raises
+    as ``APIError``, then the stream ends."""
+    return b"data: " + error_body(err) + b"\n\n"

@@ -1,0 +1,119 @@
+"""Raw ASGI messages: read a request body under a size limit, answer, stream, and notice a
+client that goes away. No framework: a handler is ``async (scope, receive, send)``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class Disconnected(Exception):
+    """The client went away before its request body was read."""
+
+
+class BodyTooLarge(Exception):
+    """The body exceeds the limit: ``declared`` is its Content-Length when that told."""
+
+    def __init__(self, limit: int, declared: int | None) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        self.declared = declared
+
+
+class BadContentLength(Exception):
+    pass
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of a (lower-case) request header."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole request body; ``BodyTooLarge`` past ``limit`` bytes (by Content-Length before
+    reading anything, else as it arrives), ``Disconnected`` if the client goes away."""
+    declared = header(scope, b"content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise BadContentLength from None
+        if size > limit:
+            raise BodyTooLarge(limit, size)
+    msg = await receive()
+    if msg["type"] == "http.disconnect":
+        raise Disconnected
+    body: bytes = msg.get("body", b"")
+    if not msg.get("more_body", False):
+        if len(body) > limit:
+            raise BodyTooLarge(limit, None)
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise Disconnected
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(limit, None)
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def discard_body(receive: Receive, max_bytes: int) -> None:
+    """Reads and drops up to ``max_bytes`` more of a refused body, so that a client which
+    sends its whole body before reading the answer (urllib, curl) gets the answer rather
+    than a broken pipe."""
+    size = 0
+    while size <= max_bytes:
+        msg = await receive()
+        if msg["type"] == "http.disconnect" or not msg.get("more_body", False):
+            return
+        size += len(msg.get("body", b""))
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    """A whole response: start and body in two messages."""
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def start_stream(send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+
+
+async def send_chunk(send: Send, data: bytes) -> None:
+    """One chunk of a streamed body (an SSE event, or several), sent as it is, unbuffered."""
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def end_stream(send: Send, data: bytes = b"") -> None:
+    await send({"type": "http.response.body", "body": data})
+
+
+def watch_disconnect(
+    receive: Receive, on_disconnect: Callable[[], object]
+) -> asyncio.Future[Message]:
+    """Calls ``on_disconnect`` when the client goes away (after the body has been read, the
+    next ``receive`` returns only ``http.disconnect``). The caller cancels the returned
+    future when its response is done, so a finished request's disconnect is not reported."""
+    waiting = asyncio.ensure_future(receive())
+
+    def done(fut: asyncio.Future[Message]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            on_disconnect()
+
+    waiting.add_done_callback(done)
+    return waiting

@@ -1,0 +1,186 @@
+"""Serves one raw ASGI app in the caller's event loop (uvloop in the CLIs), so the app's
+lifespan and background tasks live in the loop we own and the signals are ours, on one of two
+HTTP/1 servers (docs/http_stack.md): ``granian`` (Granian's embedded server: its Rust I/O
+thread parses and writes, cheapest at high concurrency) or ``uvicorn`` (uvicorn's httptools
+protocol on the loop itself, no thread hand-off: cheapest at low concurrency).
+
+SIGTERM/SIGINT: ``on_stop`` runs (a server drains its own way), then the listener closes (new
+connections are refused) while requests in flight finish; those still running ``drain_s``
+later are cancelled; then the lifespan shuts down. SIGHUP calls ``on_reload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from kvtide.asgi.messages import Receive, Scope, Send
+from kvtide.errors import ConfigError, KvtideError
+
+log = logging.getLogger("kvtide.asgi")
+
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+HttpServer = Literal["granian", "uvicorn"]
+HTTP_SERVERS: tuple[HttpServer, ...] = ("granian", "uvicorn")
+
+
+def check_port(host: str, port: int, flag: str = "--port") -> int:
+    """The port to serve on (a free one for 0); a ConfigError naming ``flag`` when
+    ``host:port`` cannot be bound (Granian would panic with a Rust backtrace instead)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"{flag}: cannot listen on {host}:{port}: {exc.strerror}") from None
+        return int(probe.getsockname()[1])
+
+
+class AsgiServer:
+    """``serve()`` until ``shutdown()`` (or SIGTERM / SIGINT when ``handle_signals``)."""
+
+    def __init__(
+        self,
+        app: App,
+        host: str,
+        port: int,
+        *,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+        on_reload: Callable[[], None] | None = None,
+        drain_s: float = 30.0,
+        backlog: int = 1024,
+        http: HttpServer = "granian",
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.on_stop = on_stop
+        self.on_reload = on_reload
+        self.drain_s = drain_s
+        self.backlog = backlog
+        self.http = http
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: Any = None
+        self._stopping: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[Any]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _tracked(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # the request tasks are ours to cancel at the drain deadline (Granian's are asyncio's)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_flight.add(task)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._in_flight.discard(task)
+
+    async def serve(self, *, handle_signals: bool = True) -> None:
+        self.loop = loop = asyncio.get_running_loop()
+        signals: list[signal.Signals] = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.shutdown)
+                signals.append(sig)
+            if self.on_reload is not None:
+                loop.add_signal_handler(signal.SIGHUP, self.on_reload)
+                signals.append(signal.SIGHUP)
+        try:
+            if self.http == "uvicorn":
+                await self._serve_uvicorn()
+            else:
+                await self._serve_granian()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    async def _serve_granian(self) -> None:
+        from granian.constants import Interfaces
+        from granian.errors import FatalError
+        from granian.server.embed import Server
+
+        self._server = Server(
+            self._tracked,
+            address=self.host,
+            port=self.port,
+            interface=Interfaces.ASGI,
+            websockets=False,
+            log_enabled=False,
+            backlog=self.backlog,
+        )
+        try:
+            await self._server.serve()
+        except FatalError as exc:  # the lifespan's startup failed: it logged why
+            raise KvtideError(f"the server did not start: {exc}") from None
+
+    async def _serve_uvicorn(self) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self._tracked,
+            host=self.host,
+            port=self.port,
+            loop="none",
+            http="httptools",
+            ws="none",
+            lifespan="on",
+            interface="asgi3",
+            proxy_headers=False,  # no middleware between uvicorn and the app
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            backlog=self.backlog,
+            timeout_graceful_shutdown=int(self.drain_s) + 1,  # ours cancels at drain_s
+        )
+        config.load()
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        stopped = asyncio.Event()
+        self._server = _UvicornStop(stopped)
+        # startup/shutdown without serve(): its signal handlers and 0.1 s tick are not needed
+        try:
+            await server.startup()
+        except SystemExit:  # uvicorn's answer to a failed lifespan startup: it logged why
+            raise KvtideError("the server did not start: the lifespan startup failed") from None
+        await stopped.wait()
+        await server.shutdown()
+
+    def shutdown(self) -> None:
+        """Stops serving (idempotent): ``on_stop``, then the listener closes and the requests
+        in flight get ``drain_s`` to finish."""
+        if self._stopping is not None or self.loop is None:
+            return
+        self._stopping = self.loop.create_task(self._stop())
+
+    async def _stop(self) -> None:
+        if self.on_stop is not None:
+            await self.on_stop()
+        self._server.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_s
+        while self._in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._in_flight:
+            log.warning("drain: cancelling %d requests still in flight", len(self._in_flight))
+            for task in list(self._in_flight):
+                task.cancel()
+
+
+class _UvicornStop:
+    """``stop()`` for the uvicorn server, as Granian's server has one."""
+
+    def __init__(self, stopped: asyncio.Event) -> None:
+        self.stopped = stopped
+
+    def stop(self) -> None:
+        self.stopped.set()

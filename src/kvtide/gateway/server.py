@@ -1,0 +1,309 @@
+"""The gateway's HTTP side: a raw ASGI app over a ``Gateway``, served by ``kvtide.asgi``.
+
+Routes: the OpenAI endpoints, ``/health``, ``/ready``, ``/metrics`` and the admin API. Every
+refusal is an OpenAI-style error body from one handler and one status table
+(``gateway.status``); the lifespan runs ``Gateway.lifespan`` (its ``TaskGroup`` owns the
+background loops). SIGTERM/SIGINT drain: new connections are refused at once, requests in
+flight get ``timeouts.drain_s``; SIGHUP reloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from kvtide.asgi import (
+    ApiError,
+    AsgiServer,
+    Disconnected,
+    Receive,
+    Scope,
+    Send,
+    check_port,
+    header,
+    read_body,
+    respond,
+    watch_disconnect,
+)
+from kvtide.asgi.messages import BadContentLength, BodyTooLarge, discard_body
+from kvtide.errors import ConfigError, KvtideError
+from kvtide.gateway.app import Gateway, json_object
+from kvtide.gateway.config import GatewayConfig, ReplicaSpec
+from kvtide.gateway.replicas import Replica
+from kvtide.gateway.status import (
+    BAD_REQUEST,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    TOO_LARGE,
+    as_api_error,
+)
+
+log = logging.getLogger("kvtide.gateway")
+
+JSON = [(b"content-type", b"application/json")]
+PROMETHEUS = [(b"content-type", b"text/plain; charset=utf-8")]
+ADMIN_REPLICAS = "/admin/replicas"
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
+"""A route: answers through ``send``, returns the HTTP status (for the requests counter)."""
+
+
+def _authorization(scope: Scope) -> str | None:
+    value = header(scope, b"authorization")
+    return value.decode("latin-1") if value is not None else None
+
+
+async def _json(send: Send, status: int, obj: Any) -> int:
+    await respond(send, status, orjson.dumps(obj), JSON)
+    return status
+
+
+class GatewayApp:
+    """The ASGI callable over one ``Gateway``."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.max_body_bytes = gateway.config.limits.max_body_bytes
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/ready"): self._ready,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", ADMIN_REPLICAS): self._list_replicas,
+            ("POST", ADMIN_REPLICAS): self._add_replica,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    def _route(self, scope: Scope) -> tuple[str, Handler]:
+        """The route's canonical name (the requests counter's label) and its handler."""
+        method, path = scope["method"], scope["path"]
+        handler = self._routes.get((method, path))
+        if handler is not None:
+            return path, handler
+        if path.startswith(ADMIN_REPLICAS + "/"):
+            rest = path[len(ADMIN_REPLICAS) + 1 :]
+            if rest.endswith("/drain") and "/" not in rest[: -len("/drain")]:
+                name = ADMIN_REPLICAS + "/{replica}/drain"
+                if method == "POST":
+                    return name, self._drain_replica
+                return name, _refuse(METHOD_NOT_ALLOWED, f"method {method} not allowed")
+            if rest and "/" not in rest:
+                name = ADMIN_REPLICAS + "/{replica}"
+                if method == "DELETE":
+                    return name, self._remove_replica
+                return name, _refuse(METHOD_NOT_ALLOWED, f"method {method} not allowed")
+        if path in self._paths:
+            return path, _refuse(METHOD_NOT_ALLOWED, f"method {method} not allowed")
+        return "other", _refuse(NOT_FOUND, "Not Found")
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        metrics = self.gateway.metrics
+        endpoint, handler = self._route(scope)
+        try:
+            status = await handler(scope, receive, send)
+        except Disconnected:
+            return
+        except Exception as exc:
+            err = as_api_error(exc)
+            if err.status.http >= 500 and not isinstance(exc, KvtideError):
+                log.exception("unexpected error on %s", scope["path"])
+            if 400 <= err.status.http < 500:
+                metrics.rejected.labels(err.status.code).inc()
+            status = err.status.http
+            with contextlib.suppress(Exception):  # the response had started, or no client
+                await respond(send, status, err.body(), err.headers())
+        metrics.child(metrics.requests, endpoint, str(status)).inc()
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        try:
+            return await read_body(scope, receive, self.max_body_bytes)
+        except BadContentLength:
+            raise ApiError(BAD_REQUEST, "bad Content-Length header") from None
+        except BodyTooLarge as exc:
+            # read (and drop) a bounded tail: a connection closed on an unread body resets, and
+            # a client still sending (urllib, curl) would see a broken pipe, not the 413
+            await discard_body(receive, 2 * self.max_body_bytes)
+            raise ApiError(
+                TOO_LARGE, f"the request body exceeds {exc.limit} bytes", "body"
+            ) from None
+
+    # --- lifespan -----------------------------------------------------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        if (await receive())["type"] != "lifespan.startup":
+            return
+        started = False
+        try:
+            async with self.gateway.lifespan():
+                await send({"type": "lifespan.startup.complete"})
+                started = True
+                while (await receive())["type"] != "lifespan.shutdown":
+                    pass
+        except Exception as exc:
+            log.exception("gateway lifespan failed")
+            if not started:
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+        await send({"type": "lifespan.shutdown.complete"})
+
+    # --- completions --------------------------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._complete(scope, receive, send, "/v1/chat/completions", True)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._complete(scope, receive, send, "/v1/completions", False)
+
+    async def _complete(
+        self, scope: Scope, receive: Receive, send: Send, path: str, is_chat: bool
+    ) -> int:
+        raw = await self._body(scope, receive)
+        # a client that goes away cancels this handler, which closes the upstream connection
+        task = asyncio.current_task()
+        assert task is not None
+        gone = False
+
+        def disconnected() -> None:
+            nonlocal gone
+            gone = True
+            task.cancel()
+
+        watcher = watch_disconnect(receive, disconnected)
+        try:
+            return await self.gateway.complete(send, path, is_chat, _authorization(scope), raw)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+            return 499  # nginx's "client closed request", for the requests counter
+        finally:
+            watcher.cancel()
+
+    # --- plain routes -------------------------------------------------------------------------
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> int:
+        gateway = self.gateway
+        gateway.tenants.authenticate(_authorization(scope))
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "kvtide"}
+            for m in gateway.replicas.models()
+        ]
+        return await _json(send, 200, {"object": "list", "data": data})
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await _json(send, 200, {"status": "ok"})
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> int:
+        ok, body = self.gateway.ready()
+        return await _json(send, 200 if ok else 503, body)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> int:
+        gateway, metrics = self.gateway, self.gateway.metrics
+        # Degraded is decided wherever a Redis call fails, not only in the maintenance tick:
+        # read it at scrape time so the gauge never disagrees with /ready.
+        if gateway.shared is not None:
+            metrics.state_degraded.set(1 if gateway.shared.degraded else 0)
+        await respond(send, 200, metrics.render(), PROMETHEUS)
+        return 200
+
+    # --- admin --------------------------------------------------------------------------------
+
+    async def _list_replicas(self, scope: Scope, receive: Receive, send: Send) -> int:
+        self.gateway.check_admin(_authorization(scope))
+        return await _json(send, 200, self.gateway.ready()[1]["replicas"])
+
+    async def _add_replica(self, scope: Scope, receive: Receive, send: Send) -> int:
+        self.gateway.check_admin(_authorization(scope))
+        body = json_object(await self._body(scope, receive))
+        url = body.get("url")
+        if not isinstance(url, str):
+            raise ApiError(BAD_REQUEST, "'url' must be a string", "url")
+        try:
+            spec = ReplicaSpec.parse(url)
+            spec = dataclasses.replace(
+                spec,
+                model=body.get("model") or spec.model,
+                events=body.get("events") or spec.events,
+                replay=body.get("replay") or spec.replay,
+            )
+        except ConfigError as exc:
+            raise ApiError(BAD_REQUEST, str(exc), "url") from exc
+        replica = self.gateway.add_replica(spec)
+        return await _json(send, 201, {"id": replica.replica_id})
+
+    def _replica(self, scope: Scope) -> Replica:
+        self.gateway.check_admin(_authorization(scope))
+        name = scope["path"][len(ADMIN_REPLICAS) + 1 :].removesuffix("/drain")
+        replica = self.gateway.replicas.get(name)
+        if replica is None:
+            raise ApiError(NOT_FOUND, f"no replica {name}", "replica")
+        return replica
+
+    async def _drain_replica(self, scope: Scope, receive: Receive, send: Send) -> int:
+        replica = self._replica(scope)
+        replica.draining = True
+        replica.state.healthy = False
+        return await _json(send, 200, {"id": replica.replica_id, "in_flight": replica.in_flight})
+
+    async def _remove_replica(self, scope: Scope, receive: Receive, send: Send) -> int:
+        replica = self._replica(scope)
+        self.gateway.remove_replica(replica.replica_id)
+        return await _json(send, 200, {"id": replica.replica_id, "removed": True})
+
+
+def _refuse(status: Any, message: str) -> Handler:
+    async def refuse(scope: Scope, receive: Receive, send: Send) -> int:
+        raise ApiError(status, message)
+
+    return refuse
+
+
+def build_app(gateway: Gateway) -> GatewayApp:
+    return GatewayApp(gateway)
+
+
+async def run(config: GatewayConfig, started: Callable[[str], None] | None = None) -> None:
+    """Serves until SIGTERM or SIGINT, then drains (no new connections; in-flight requests get
+    up to ``timeouts.drain_s``); SIGHUP reloads."""
+    port = check_port(config.host, config.port)
+    gateway = Gateway(config)
+
+    async def stop() -> None:
+        gateway.draining = True
+
+    server = AsgiServer(
+        build_app(gateway),
+        config.host,
+        port,
+        on_stop=stop,
+        on_reload=gateway.reload,
+        drain_s=config.timeouts.drain_s,
+        http="granian" if config.http_server == "granian" else "uvicorn",
+    )
+    announce = started or (
+        lambda u: print(f"kvtide serve: listening on {u}", file=sys.stderr, flush=True)
+    )
+    announce(server.url)
+    await server.serve()
+
+
+def serve(config: GatewayConfig) -> None:
+    import uvloop
+
+    uvloop.run(run(config))

@@ -1,0 +1,66 @@
+"""Both HTTP servers under the gateway's ASGI app (`--http-server uvicorn|granian`): answers
+streamed and not, an unknown route and a wrong method as OpenAI errors, a client that goes
+away mid-stream aborts the engine's request, SIGTERM lets the stream in flight finish."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from tests.integration.gateway.procs import backend, free_port, gateway
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _stats(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
+        return json.load(resp)
+
+
+def _status(url: str, method: str = "GET") -> tuple[int, dict]:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "granian"])
+def test_the_gateway_serves_the_same_on_both_servers(server: str) -> None:
+    bport, port = free_port(), free_port()
+    slow = backend(bport, "m", "--token-delay", "0.02", "--tokens", "10")
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--http-server", server)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=20)
+        assert c.completions.create(model="m", prompt="a", max_tokens=2).choices[0].text
+        chunks = list(c.completions.create(model="m", prompt="b", stream=True))
+        assert "".join(ch.choices[0].text for ch in chunks) == "tok " * 10
+        status, body = _status(f"{base}/nowhere")
+        assert status == 404 and body["error"]["code"] == "not_found"
+        status, body = _status(f"{base}/v1/completions")
+        assert status == 405 and body["error"]["code"] == "method_not_allowed"
+        # a client gone mid-stream: the engine's request is aborted
+        stream = c.completions.create(model="m", prompt="c", stream=True)
+        next(iter(stream))
+        stream.close()
+        deadline = time.monotonic() + 5
+        while _stats(bport)["aborted"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stats(bport)["aborted"] == 1
+        # SIGTERM: the stream in flight ends whole, then the process exits 0
+        it = iter(c.completions.create(model="m", prompt="d", stream=True))
+        text = next(it).choices[0].text
+        gw.signal(signal.SIGTERM)
+        text += "".join(ch.choices[0].text for ch in it)
+        assert text == "tok " * 10
+        assert gw.proc.wait(10) == 0
+    finally:
+        gw.stop()
+        slow.stop()
