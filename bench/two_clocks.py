@@ -104,9 +104,11 @@ def kvtide(*args: str, timeout_s: float) -> None:
         raise RuntimeError(f"kvtide {args[0]} exited {done.returncode}: {done.stderr[-2000:]}")
 
 
-def run_engine(setup: Setup, speedup: float, time_scale: float) -> dict[str, Any]:
-    """`kvtide load` against `kvtide engine --speedup`: client-side numbers in model seconds,
-    and the engine's own records."""
+def drive_engine(
+    setup: Setup, speedup: float, time_scale: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`kvtide load` against `kvtide engine --speedup`: the load generator's request rows and
+    the engine's own records."""
     from engine_process import running_engine
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,6 +121,13 @@ def run_engine(setup: Setup, speedup: float, time_scale: float) -> dict[str, Any
             )
         rows = json.loads(load_path.read_text())["requests"]
         records = [json.loads(line) for line in records_path.read_text().splitlines()]
+    return rows, records
+
+
+def engine_stats(
+    rows: list[dict[str, Any]], records: list[dict[str, Any]], speedup: float
+) -> dict[str, Any]:
+    """Client-side numbers in model seconds (wall x speedup) beside the engine's own."""
     failed = [r for r in rows if r["error"] is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} requests failed, as {failed[0]}")
@@ -143,7 +152,7 @@ def run_engine(setup: Setup, speedup: float, time_scale: float) -> dict[str, Any
 
 def compare(setup: Setup, speedup: float, sim: dict[str, Any] | None = None) -> dict[str, Any]:
     sim = sim or simulate(setup)
-    eng = run_engine(setup, speedup, sim["time_scale"])
+    eng = engine_stats(*drive_engine(setup, speedup, sim["time_scale"]), speedup)
     return {
         "speedup": speedup,
         "simulate": sim,
