@@ -151,9 +151,9 @@ class EmulatedEngine:
         cache_salt: str | None,
     ) -> RequestStream:
         """Queues a request now; raises ``CapacityError`` when it can never fit the KV pool."""
-        hashes = self.hashes_for(token_ids, cache_salt)
-        now = self.clock.now()
+        now = self.clock.now()  # the arrival, before the engine's own work on the request
         self._catch_up(now)
+        hashes = self.hashes_for(token_ids, cache_salt)
         request = Request(
             request_id=request_id,
             arrival_s=now,
