@@ -101,6 +101,8 @@ def build(config: ServerConfig) -> Built:
     tokenizer = load_tokenizer(config)
     metrics = EngineMetrics(config.name)
     if config.model == REAL_MODEL:
+        if config.records is not None:
+            raise ConfigError("--records: only the emulated engine keeps request records")
         from kvtide.engine_server.real_model import RealModelEngine
 
         real = RealModelEngine.create(config, tokenizer, metrics)
