@@ -1,24 +1,25 @@
 """One model, two clocks: the same built-in workload through `kvtide simulate` (one replica, a
-ManualClock) and through `kvtide engine` (the same engine code on a scaled wall clock) at the
-same arrival times, compared on TTFT p50 / p99 and the cached-token ratio.
+ManualClock) and through `kvtide engine` (the same engine code on a scaled wall clock) driven by
+`kvtide load` at the same arrival times, compared on TTFT p50 / p99 and the cached-token ratio.
 
-The engine is driven over HTTP by a small open-loop client (aiohttp, streaming completions with
-the workload's token ids as the prompt and its output length as max_tokens); TTFT is measured
-at the client, from the request's send to its first token, in wall seconds times --speedup.
+`kvtide load --prompt-format tokens` sends each request's token ids as its /v1/completions
+prompt and its output length as max_tokens (ignore_eos), `--time-scale` = the simulator's time
+scale / --speedup; TTFT is the load generator's (send to first token) in wall seconds times
+--speedup. The engine's own records (`kvtide engine --records`, its clock) are shown beside it.
 
-    python bench/two_clocks.py --requests 300 --speedup 10
+    python bench/two_clocks.py --requests 300 --speedup 10,1 --runs 2
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB = 49_152  # SmolLM2's: the engine's default tokenizer refuses ids outside it
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 
 @dataclass(frozen=True)
@@ -51,125 +52,107 @@ class Setup:
             "--eviction", "lru", "--seed", str(self.seed), "--quiet", "--json", str(json_path),
         ]  # fmt: skip
 
-    def engine_args(self, speedup: float) -> list[str]:
+    def engine_args(self, speedup: float, records: Path) -> list[str]:
         return [
             "--model", self.model, "--gpu", self.gpu, "--tp", str(self.tp),
             "--block-tokens", str(self.block_tokens),
             "--kv-cache-tokens", str(self.kv_cache_tokens), "--eviction", "lru",
             "--speedup", str(speedup), "--max-waiting", "100000", "--max-model-len", "65536",
+            "--records", str(records),
+        ]  # fmt: skip
+
+    def load_args(self, url: str, time_scale: float, json_path: Path) -> list[str]:
+        return [
+            "load", "--url", url, "--workload", self.workload, "--requests", str(self.requests),
+            "--seed", str(self.seed), "--time-scale", repr(time_scale),
+            "--prompt-format", "tokens", "--quiet", "--json", str(json_path),
         ]  # fmt: skip
 
 
-def simulate(setup: Setup) -> dict[str, float]:
-    """`kvtide simulate` in this process; its JSON's first run."""
+def simulate(setup: Setup) -> dict[str, Any]:
+    """`kvtide simulate` in this process: its first run, and the time scale its --load chose."""
     from kvtide.cli import main
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         path = Path(tmp) / "sim.json"
         code = main(setup.simulate_args(path))
         if code:
             raise RuntimeError(f"kvtide simulate exited {code}")
-        run = json.loads(path.read_text())["runs"][0]
+        report = json.loads(path.read_text())
+    run, workload = report["runs"][0], report["workload"]
+    if workload["skipped_requests"]:
+        raise RuntimeError("the simulator skipped requests: the engine would get more")
     return {
         "ttft_p50_s": run["ttft_s"]["p50"],
         "ttft_p99_s": run["ttft_s"]["p99"],
         "cached_ratio": run["hit_ratio"],
+        "time_scale": workload["time_scale"],
+        "prompt_tokens": round(workload["prompt_tokens_mean"] * workload["requests"]),
     }
 
 
-def workload_requests(setup: Setup) -> list[tuple[float, list[int], int]]:
-    """(arrival offset s, prompt token ids, output tokens), exactly as the simulator replays
-    them (the same preparation: load rescaling included)."""
-    from kvtide.sim.scenario import Scenario, prepare
-
-    scenario = Scenario(
-        workload=setup.workload,
-        requests=setup.requests,
-        block_tokens=setup.block_tokens,
-        load=setup.load,
-        seed=setup.seed,
-        model=setup.model,
-        gpu=setup.gpu,
-        tp=setup.tp,
-        replicas=1,
-        gpu_cache_tokens=setup.kv_cache_tokens,
+def kvtide(*args: str, timeout_s: float) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtide", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
     )
-    reqs = prepare(scenario).requests
-    first = reqs[0].arrival_s
-    out = []
-    for r in reqs:
-        assert r.token_ids is not None, "the built-in workloads carry token ids"
-        ids = (np.asarray(r.token_ids[: r.prompt_tokens], dtype=np.int64) % VOCAB).tolist()
-        out.append((r.arrival_s - first, ids, max(1, r.output_tokens)))
-    return out
+    if done.returncode:
+        raise RuntimeError(f"kvtide {args[0]} exited {done.returncode}: {done.stderr[-2000:]}")
 
 
-async def drive(
-    url: str, requests: list[tuple[float, list[int], int]], speedup: float
-) -> list[dict[str, float]]:
-    """Sends each request at its arrival time / speedup; per request: model-time TTFT, prompt
-    and cached tokens from the final usage chunk."""
-    import aiohttp
-
-    results: list[dict[str, float]] = []
-    timeout = aiohttp.ClientTimeout(total=None)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        start = time.perf_counter()
-
-        async def one(at_s: float, ids: list[int], n: int) -> None:
-            delay = start + at_s / speedup - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            body = {
-                "prompt": ids,
-                "max_tokens": n,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            sent = time.perf_counter()
-            first: float | None = None
-            tail = b""
-            async with session.post(url + "/v1/completions", json=body) as resp:
-                resp.raise_for_status()
-                async for chunk in resp.content.iter_any():
-                    if first is None:
-                        first = time.perf_counter()
-                    tail = (tail + chunk)[-4096:]
-            assert first is not None
-            usage_line = [ln for ln in tail.split(b"\n\n") if b'"usage"' in ln][-1]
-            usage = json.loads(usage_line[len(b"data: ") :])["usage"]
-            results.append(
-                {
-                    "ttft_s": (first - sent) * speedup,
-                    "prompt_tokens": usage["prompt_tokens"],
-                    "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-                }
-            )
-
-        await asyncio.gather(*(one(*r) for r in requests))
-    return results
-
-
-def run_engine(setup: Setup, speedup: float) -> dict[str, float]:
-    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+def drive_engine(
+    setup: Setup, speedup: float, time_scale: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`kvtide load` against `kvtide engine --speedup`: the load generator's request rows and
+    the engine's own records."""
     from engine_process import running_engine
 
-    requests = workload_requests(setup)
-    with running_engine(*setup.engine_args(speedup)) as engine:
-        rows = asyncio.run(drive(engine.url, requests, speedup))
-    ttft = np.array([r["ttft_s"] for r in rows])
+    with tempfile.TemporaryDirectory() as tmp:
+        records_path, load_path = Path(tmp) / "records.jsonl", Path(tmp) / "load.json"
+        with running_engine(*setup.engine_args(speedup, records_path)) as engine:
+            span_s = setup.requests * time_scale / speedup  # about 1 s apart
+            kvtide(
+                *setup.load_args(engine.url, time_scale / speedup, load_path),
+                timeout_s=120 + 3 * span_s,
+            )
+        rows = json.loads(load_path.read_text())["requests"]
+        records = [json.loads(line) for line in records_path.read_text().splitlines()]
+    return rows, records
+
+
+def engine_stats(
+    rows: list[dict[str, Any]], records: list[dict[str, Any]], speedup: float
+) -> dict[str, Any]:
+    """Client-side numbers in model seconds (wall x speedup) beside the engine's own."""
+    failed = [r for r in rows if r["error"] is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, as {failed[0]}")
+    ttft = np.array([r["ttft_s"] for r in rows]) * speedup
+    engine_ttft = np.array([r["first_token_s"] - r["arrival_s"] for r in records])
+    lag_ms = np.array([r["sent_s"] - r["scheduled_s"] for r in rows]) * 1e3
     return {
         "ttft_p50_s": float(np.quantile(ttft, 0.5)),
         "ttft_p99_s": float(np.quantile(ttft, 0.99)),
         "cached_ratio": sum(r["cached_tokens"] for r in rows)
         / sum(r["prompt_tokens"] for r in rows),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+        "prompt_tokens_as_trace": all(r["prompt_tokens"] == r["trace_prompt_tokens"] for r in rows),
+        "requests": len(rows),
+        "records": len(records),
+        "engine_p50_s": float(np.quantile(engine_ttft, 0.5)),
+        "engine_p99_s": float(np.quantile(engine_ttft, 0.99)),
+        "send_lag_p50_ms": float(np.quantile(lag_ms, 0.5)),
+        "send_lag_p99_ms": float(np.quantile(lag_ms, 0.99)),
     }
 
 
-def compare(setup: Setup, speedup: float) -> dict[str, Any]:
-    sim = simulate(setup)
-    eng = run_engine(setup, speedup)
+def compare(setup: Setup, speedup: float, sim: dict[str, Any] | None = None) -> dict[str, Any]:
+    sim = sim or simulate(setup)
+    eng = engine_stats(*drive_engine(setup, speedup, sim["time_scale"]), speedup)
     return {
         "speedup": speedup,
         "simulate": sim,
@@ -177,6 +160,8 @@ def compare(setup: Setup, speedup: float) -> dict[str, Any]:
         "ttft_p50_ratio": eng["ttft_p50_s"] / sim["ttft_p50_s"],
         "ttft_p99_ratio": eng["ttft_p99_s"] / sim["ttft_p99_s"],
         "cached_points": 100 * (eng["cached_ratio"] - sim["cached_ratio"]),
+        "engine_p50_ratio": eng["engine_p50_s"] / sim["ttft_p50_s"],
+        "engine_p99_ratio": eng["engine_p99_s"] / sim["ttft_p99_s"],
     }
 
 
@@ -184,6 +169,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--speedup", default="1,10", help="comma list (default 1,10)")
+    ap.add_argument("--runs", type=int, default=1, help="engine runs per speedup (default 1)")
     ap.add_argument("--workload", default=Setup.workload)
     args = ap.parse_args()
     setup = Setup(workload=args.workload, requests=args.requests)
@@ -191,18 +177,29 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     print(f"# two_clocks: {setup}, {os.cpu_count()} cores, rev {rev}")
-    print(f"{'speedup':>7} {'sim p50':>8} {'eng p50':>8} {'ratio':>6} {'sim p99':>8} "
-          f"{'eng p99':>8} {'ratio':>6} {'sim hit':>8} {'eng hit':>8} {'points':>7}")  # fmt: skip
+    sim = simulate(setup)
+    print(
+        f"# simulate: TTFT p50 {sim['ttft_p50_s']:.3f} s, p99 {sim['ttft_p99_s']:.3f} s, cached "
+        f"{sim['cached_ratio']:.4f}, {sim['prompt_tokens']:,} prompt tokens, time scale "
+        f"{sim['time_scale']:.4f}"
+    )
+    print(f"{'speedup':>7} {'load p50':>8} {'ratio':>6} {'load p99':>8} {'ratio':>6} "
+          f"{'cached':>7} {'points':>7} {'eng p50':>8} {'ratio':>6} {'eng p99':>8} {'ratio':>6} "
+          f"{'prompt tok':>10} {'lag p99':>7} {'loadavg':>7}")  # fmt: skip
     for speedup in (float(s) for s in args.speedup.split(",")):
-        r = compare(setup, speedup)
-        s, e = r["simulate"], r["engine"]
-        print(
-            f"{speedup:7g} {s['ttft_p50_s']:8.3f} {e['ttft_p50_s']:8.3f} "
-            f"{r['ttft_p50_ratio']:6.3f} {s['ttft_p99_s']:8.3f} {e['ttft_p99_s']:8.3f} "
-            f"{r['ttft_p99_ratio']:6.3f} "
-            f"{s['cached_ratio']:8.4f} {e['cached_ratio']:8.4f} {r['cached_points']:+7.2f}",
-            flush=True,
-        )
+        for _ in range(args.runs):
+            r = compare(setup, speedup, sim)
+            e = r["engine"]
+            same = "" if e["prompt_tokens_as_trace"] else "!"
+            print(
+                f"{speedup:7g} {e['ttft_p50_s']:8.3f} {r['ttft_p50_ratio']:6.3f} "
+                f"{e['ttft_p99_s']:8.3f} {r['ttft_p99_ratio']:6.3f} {e['cached_ratio']:7.4f} "
+                f"{r['cached_points']:+7.2f} {e['engine_p50_s']:8.3f} "
+                f"{r['engine_p50_ratio']:6.3f} {e['engine_p99_s']:8.3f} "
+                f"{r['engine_p99_ratio']:6.3f} {e['prompt_tokens']:>9,}{same:1} "
+                f"{e['send_lag_p99_ms']:5.1f}ms {os.getloadavg()[0]:7.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from kvtide.cli._checks import TP
+from kvtide.cli._checks import TP, check_writable
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
 from kvtide.quantities import flag, integer, real, tokens
 
@@ -106,6 +106,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="largest request body; more gets 413 (default 4 MiB)",
     )
     p.add_argument(
+        "--records", type=Path, metavar="FILE",
+        help="write each finished request's record on the engine's clock, one JSON line each",
+    )  # fmt: skip
+    p.add_argument(
         "--seed", type=flag(integer, minimum=0), default=0, metavar="N",
         help="where the emulated filler text starts (default 0)",
     )  # fmt: skip
@@ -138,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         max_body_bytes=args.max_body_bytes,
         seed=args.seed,
+        records=args.records,
     )
+    check_writable(args.records, "--records")
     _log_alerts()
     serve(config)
     return 0

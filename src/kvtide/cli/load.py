@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvtide.cli._checks import check_writable, write_text
 from kvtide.errors import ConfigError
-from kvtide.loadgen import APIS, LoadConfig, Slo, run_load, schedule
+from kvtide.loadgen import APIS, PROMPT_FORMATS, LoadConfig, Slo, run_load, schedule
 from kvtide.quantities import duration, flag, integer, real, text
 from kvtide.text import Tokenizer, smollm2
 from kvtide.workloads import open_workload
@@ -51,7 +51,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SPEC",
         help=f"builtin:NAME[:key=val,...] or a trace path (default {DEFAULT_WORKLOAD})",
     )
-    parser.add_argument("--api", default="chat", choices=APIS, help="endpoint (default chat)")
+    parser.add_argument(
+        "--api",
+        choices=APIS,
+        help="endpoint (default chat; completions with --prompt-format tokens)",
+    )
+    parser.add_argument(
+        "--prompt-format",
+        default="text",
+        choices=PROMPT_FORMATS,
+        help=(
+            "text: block ids as words, sessions as chat turns (default); tokens: the trace's "
+            "token ids as the completions prompt and its output length with ignore_eos, so the "
+            "server gets the requests a simulator replays"
+        ),
+    )
     parser.add_argument(
         "--model", type=flag(text), help="model name (default: the first of /v1/models)"
     )
@@ -108,11 +122,15 @@ def run(args: argparse.Namespace) -> int:
     workload = open_workload(
         args.workload, limit=args.requests, time_scale=args.time_scale, seed=args.seed
     )
+    tokens = args.prompt_format == "tokens"
+    if tokens and args.api == "chat":
+        raise ConfigError("--prompt-format tokens: needs --api completions (chat has no token ids)")
     tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else smollm2()
     config = LoadConfig(
         url=args.url[0],
         more_urls=tuple(args.url[1:]),
-        api=args.api,
+        api=args.api or ("completions" if tokens else "chat"),
+        prompt_format=args.prompt_format,
         model=args.model,
         api_key=args.api_key,
         rate=args.rate,

@@ -19,6 +19,10 @@ With ``stream_tokens`` (the default, for servers) every generated token is one `
 at its own time, inside fused decode runs too, and ``next_wake_s`` is the next token's time.
 Without it (the simulator) only first tokens and finishes are reported and ``next_wake_s`` is
 the end of the planned iteration or run, so a decode run stays one event.
+
+``on_wake(now, defer_plan=True)`` (the server) returns an iteration's outputs before planning
+the next iteration, so that a wall-clock caller can send its tokens first; the plan, at the same
+start time on the same state, is made by the next call into the driver, whichever it is.
 """
 
 from __future__ import annotations
@@ -59,7 +63,16 @@ class StepOutput:
 class EngineDriver:
     """Runs ``scheduler`` iteration by iteration on the caller's clock readings."""
 
-    __slots__ = ("_added_s", "_batch", "_emitted", "_outbox", "_steps", "scheduler", "stream")
+    __slots__ = (
+        "_added_s",
+        "_batch",
+        "_emitted",
+        "_outbox",
+        "_plan_s",
+        "_steps",
+        "scheduler",
+        "stream",
+    )
 
     def __init__(self, scheduler: Scheduler, *, stream_tokens: bool = True) -> None:
         self.scheduler = scheduler
@@ -69,6 +82,7 @@ class EngineDriver:
         self._emitted = 0  # steps of ``_batch`` whose tokens were already reported (streaming)
         self._added_s = float("-inf")  # latest arrival no plan has seen yet
         self._outbox: list[StepOutput] = []
+        self._plan_s: float | None = None  # the next iteration's start, not planned yet
 
     # --- input ----------------------------------------------------------------------------
 
@@ -85,6 +99,7 @@ class EngineDriver:
         ``arrival_s`` overrides the arrival recorded (a request re-routed after a failure);
         ``first_token_s``: prefilled elsewhere (see ``Scheduler.add``). Raises
         ``CapacityError`` if it can never fit."""
+        self._plan()  # the iteration before the arrival is planned without it
         self.scheduler.add(
             request,
             hashes,
@@ -98,6 +113,7 @@ class EngineDriver:
         """Drops request ``request_id`` (waiting or running, mid-prefill or mid-decode) and
         releases its KV; the next ``on_wake`` reports it with ``finish_reason="abort"``.
         ``False`` if the engine does not hold it (finished, never added)."""
+        self._plan()
         batch = self._batch
         done = 0
         if batch is not None and batch.num_steps > 1:
@@ -133,6 +149,7 @@ class EngineDriver:
     @property
     def next_wake_s(self) -> float | None:
         """When ``on_wake`` must be called next; ``None`` while there is nothing in flight."""
+        self._plan()
         batch = self._batch
         if batch is None:
             return None
@@ -140,10 +157,13 @@ class EngineDriver:
             return batch.end_s(self._emitted + 1)
         return batch.end_s(self._steps)
 
-    def on_wake(self, now: float) -> list[StepOutput]:
+    def on_wake(self, now: float, *, defer_plan: bool = False) -> list[StepOutput]:
         """Applies every iteration that has ended by ``now``, plans the next ones, and returns
         the step outputs due by ``now``, in the order the driver learned of them (aborts
-        since the last call included)."""
+        since the last call included). With ``defer_plan`` it returns after the first
+        iteration that yields outputs, its successor not planned yet (``next_wake_s`` plans
+        it, and may be ``now`` or earlier: call again)."""
+        self._plan()
         while self._batch is not None:
             batch = self._batch
             end_s = batch.end_s(self._steps)
@@ -152,9 +172,18 @@ class EngineDriver:
             if end_s > now:
                 break
             self._apply(batch, end_s)
-            self._start(end_s if end_s >= self._added_s else self._added_s)
+            start_s = end_s if end_s >= self._added_s else self._added_s
+            if defer_plan and self._outbox:
+                self._plan_s = start_s
+                break
+            self._start(start_s)
         out, self._outbox = self._outbox, []
         return out
+
+    def _plan(self) -> None:
+        if self._plan_s is not None:
+            start_s, self._plan_s = self._plan_s, None
+            self._start(start_s)
 
     @property
     def has_work(self) -> bool:
@@ -168,6 +197,7 @@ class EngineDriver:
         """Drops every request (the replica failed) and the iteration in flight; returns the
         requests with their arrival times, oldest first."""
         self._batch = None
+        self._plan_s = None
         self._steps = self._emitted = 0
         self._outbox = []
         return [(seq.request, seq.arrival_s) for seq in self.scheduler.drain()]

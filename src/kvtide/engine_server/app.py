@@ -340,9 +340,9 @@ class EngineApp:
 
     def _check_ids(self, ids: tuple[int, ...] | list[int], param: str) -> None:
         vocab = self.tokenizer.vocab_size
-        for t in ids:
-            if t >= vocab:
-                raise bad_request(f"token id {t} is out of vocabulary (size {vocab})", param)
+        if ids and max(ids) >= vocab:
+            t = next(t for t in ids if t >= vocab)
+            raise bad_request(f"token id {t} is out of vocabulary (size {vocab})", param)
 
     def _render_chat(self, messages: Any, add_generation_prompt: bool) -> list[int]:
         try:

@@ -144,7 +144,8 @@ class EmulatedEngine:
         cache_salt: str | None,
     ) -> RequestStream:
         """Queues a request now; raises ``CapacityError`` when it can never fit the KV pool."""
-        now = self.clock.now()
+        now = self.clock.now()  # the arrival, before the engine's own work on the request
+        self._catch_up(now)
         hashes = self.hashes_for(token_ids, cache_salt)
         request = Request(
             request_id=request_id,
@@ -164,7 +165,9 @@ class EmulatedEngine:
 
     def abort(self, request_id: str) -> None:
         """The client went away (or a stop string ended it): free its KV now."""
-        if self.driver.abort(request_id, self.clock.now()):
+        now = self.clock.now()
+        self._catch_up(now)
+        if self.driver.abort(request_id, now):
             self._wake()
 
     def _wake(self) -> None:
@@ -172,10 +175,19 @@ class EmulatedEngine:
         if kick is not None and not kick.done():
             kick.set_result(None)
 
-    def step(self) -> None:
-        """Applies what is due by now and hands the tokens to their streams."""
-        now = self.clock.now()
-        outputs = self.driver.on_wake(now)
+    def _catch_up(self, now: float) -> None:
+        """Applies the iterations that ended by ``now`` before an arrival or an abort at
+        ``now`` changes the engine, as the simulator's event heap would have (a late timer
+        must not let the change reach an iteration that had already begun)."""
+        wake = self.driver.next_wake_s
+        while wake is not None and wake <= now:
+            self.step(now)
+            wake = self.driver.next_wake_s
+
+    def step(self, now: float) -> bool:
+        """Applies what is due by ``now`` and hands the tokens to their streams; whether it
+        handed any (the next iteration is then not planned yet: see ``run``)."""
+        outputs = self.driver.on_wake(now, defer_plan=True)
         if self.publisher is not None:
             # before the outputs: a request that finishes here releases its blocks' tokens
             events = self.driver.take_events()
@@ -187,6 +199,7 @@ class EmulatedEngine:
             self.telemetry.tick()  # at most once per detector interval: cheap otherwise
         if outputs:
             self._dispatch(outputs)
+        return bool(outputs)
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         streams = self._streams
@@ -220,7 +233,11 @@ class EmulatedEngine:
         loop = asyncio.get_running_loop()
         clock = self.clock
         while not self._closed:
-            self.step()
+            if self.step(clock.now()):
+                # the woken handlers write these tokens before this task plans the next
+                # iteration (the driver's plan is deferred until asked for)
+                await asyncio.sleep(0)
+                continue
             kick = self._kick = loop.create_future()
             wake = self.driver.next_wake_s
             timer = None

@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+import orjson
 import zmq
 
 from kvtide.asgi import AsgiServer, check_port
@@ -20,7 +23,7 @@ from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
 from kvtide.costs.cost_model import CostModel
 from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.engine.driver import EngineDriver
-from kvtide.engine.scheduler import EngineConfig, Scheduler
+from kvtide.engine.scheduler import EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
 from kvtide.engine_server.app import ApiLimits, Backend, EngineApp
 from kvtide.engine_server.engine_loop import EmulatedEngine, filler_tokens
@@ -63,6 +66,8 @@ class ServerConfig:
     max_waiting: int = 1024
     max_body_bytes: int = 4 << 20
     seed: int = 0
+    records: Path | None = None
+    """Each finished request's ``RequestRecord`` (engine clock) as a JSON line, emulated only."""
 
     @property
     def name(self) -> str:
@@ -75,10 +80,13 @@ class Built:
     backend: Backend
     publisher: EnginePublisher | None
     scheduler: Scheduler | None
+    records: IO[bytes] | None = None
 
     def close(self) -> None:
         if self.publisher is not None:
             self.publisher.close()
+        if self.records is not None:
+            self.records.close()
 
 
 def load_tokenizer(config: ServerConfig) -> Tokenizer:
@@ -92,6 +100,8 @@ def build(config: ServerConfig) -> Built:
     tokenizer = load_tokenizer(config)
     metrics = EngineMetrics(config.name)
     if config.model == REAL_MODEL:
+        if config.records is not None:
+            raise ConfigError("--records: only the emulated engine keeps request records")
         from kvtide.engine_server.real_model import RealModelEngine
 
         real = RealModelEngine.create(config, tokenizer, metrics)
@@ -110,6 +120,7 @@ def build(config: ServerConfig) -> Built:
     start = config.seed % len(texts)
     telemetry = EngineTelemetry(PrometheusRecorder(), scheduler.cache, clock, tiers=scheduler.tiers)
     metrics.attach_telemetry(telemetry)
+    records = None if config.records is None else config.records.open("wb")
     engine = EmulatedEngine(
         EngineDriver(scheduler),
         clock,
@@ -117,10 +128,20 @@ def build(config: ServerConfig) -> Built:
         config.name,
         texts[start:] + texts[:start],
         publisher,
+        on_record=(lambda r: None) if records is None else _record_writer(records),
         telemetry=telemetry,
     )
     app = EngineApp(engine, tokenizer, metrics, _limits(config, config.max_model_len))
-    return Built(app, engine, publisher, scheduler)
+    return Built(app, engine, publisher, scheduler, records)
+
+
+def _record_writer(file: IO[bytes]) -> Callable[[RequestRecord], None]:
+    """Buffered lines, written out as the buffer fills and at close: no flush per request."""
+
+    def write(record: RequestRecord) -> None:
+        file.write(orjson.dumps(record) + b"\n")
+
+    return write
 
 
 def _limits(config: ServerConfig, max_model_len: int) -> ApiLimits:

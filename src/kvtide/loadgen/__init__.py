@@ -3,10 +3,11 @@
 from kvtide.loadgen.client import Outcome, stream
 from kvtide.loadgen.metrics import Slo, distribution, summarize
 from kvtide.loadgen.prompts import Prompt, PromptBuilder
-from kvtide.loadgen.runner import APIS, LoadConfig, run_load, schedule
+from kvtide.loadgen.runner import APIS, PROMPT_FORMATS, LoadConfig, run_load, schedule
 
 __all__ = [
     "APIS",
+    "PROMPT_FORMATS",
     "LoadConfig",
     "Outcome",
     "Prompt",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from kvtide.clock import WallClock
 from kvtide.workloads.rows import fastest_loads
@@ -105,17 +106,20 @@ def _apply_event(out: Outcome, data: Mapping[str, Any], elapsed_s: float, last_s
 async def stream(
     session: aiohttp.ClientSession,
     url: str,
-    payload: Mapping[str, Any],
+    payload: Mapping[str, Any] | bytes,
     headers: Mapping[str, str],
     timeout_s: float,
 ) -> Outcome:
-    """POSTs ``payload`` (with ``stream: true``) and reads the SSE stream to its end."""
+    """POSTs ``payload`` (with ``stream: true``; bytes: JSON already encoded) and reads the SSE
+    stream to its end."""
     out = Outcome()
-    start = _CLOCK.now()
-    last_s = 0.0
+    body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+    headers = {**headers, "Content-Type": "application/json"}
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 10.0))
+    last_s = 0.0
+    start = _CLOCK.now()
     try:
-        async with session.post(url, json=payload, headers=headers, timeout=timeout) as resp:
+        async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
             out.status = resp.status
             if resp.status >= 400:
                 out.error = f"http_{resp.status}"

@@ -1,11 +1,16 @@
 """A trace request as real text: the same block id always gives the same words, so the trace's
-prefix structure reaches the engine; a session's turns become chat messages.
+prefix structure reaches the engine; a session's turns become chat messages. Or, with
+``PromptBuilder.token_ids``, the prompt as token ids, with no text and no re-tokenization.
 
 A block id's text is ``block_tokens`` words drawn by a generator seeded with (seed, block id)
 from the tokenizer's one-token words (a space and lowercase ASCII letters that encode to a single
 id, as in " harbour"). A byte-level BPE's pre-tokenizer splits before every such word, so a
 block's text is exactly ``block_tokens`` tokens and blocks stay aligned to token positions;
 other tokenizers get close. A token-level trace's ids are detokenized instead.
+
+As token ids, a token-level trace's prompt is its own ids, exactly as the simulator hashes them;
+a block-level trace's is the ids of its blocks' words (the text's tokens, without a tokenizer
+round trip), so the server receives ``prompt_tokens`` ids with the trace's prefix sharing.
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ def _is_plain_word(piece: str) -> bool:
     )
 
 
-def one_token_words(tokenizer: Tokenizer) -> list[str]:
-    """The pool, sorted so that it is the same on every run for the same tokenizer."""
+def one_token_vocabulary(tokenizer: Tokenizer) -> list[tuple[str, int]]:
+    """The pool, (word, its token id), sorted so that it is the same on every run for the same
+    tokenizer."""
     size = tokenizer.vocab_size
     pieces = tokenizer.backend.decode_batch([[i] for i in range(size)], skip_special_tokens=True)
     candidates = sorted({p for p in pieces if _is_plain_word(p)})
     encoded = tokenizer.encode_batch(candidates, add_special_tokens=False)
-    words = [w for w, ids in zip(candidates, encoded, strict=True) if len(ids) == 1]
+    words = [(w, ids[0]) for w, ids in zip(candidates, encoded, strict=True) if len(ids) == 1]
     if len(words) < MIN_WORDS:
         raise ConfigError(
             f"tokenizer {tokenizer.name!r} has only {len(words)} one-token words "
@@ -53,9 +59,11 @@ def one_token_words(tokenizer: Tokenizer) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """What is sent: chat messages (role, content) in order; ``text`` joins their contents."""
+    """What is sent: chat messages (role, content) in order; ``text`` joins their contents.
+    A token-id prompt has no messages and its ``token_ids``."""
 
     messages: tuple[tuple[str, str], ...]
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def text(self) -> str:
@@ -77,7 +85,9 @@ class PromptBuilder:
     def __init__(self, tokenizer: Tokenizer, seed: int = 0) -> None:
         self.tokenizer = tokenizer
         self.seed = seed
-        self.words = one_token_words(tokenizer)
+        vocabulary = one_token_vocabulary(tokenizer)
+        self.words = [word for word, _ in vocabulary]
+        self._word_ids = {word: token_id for word, token_id in vocabulary}
         self._blocks: OrderedDict[tuple[int, int], tuple[str, ...]] = OrderedDict()
         self._sessions: dict[str, _Turn] = {}
 
@@ -141,3 +151,20 @@ class PromptBuilder:
                 for i in range(len(edges) - 1)
             )
         )
+
+    def token_ids(self, request: Request) -> Prompt:
+        """The whole prompt as ``prompt_tokens`` token ids, no chat turns: the trace's own ids
+        when it has them, else its blocks' words as ids (the same ids for the same block)."""
+        total = request.prompt_tokens
+        if request.token_ids is not None:
+            chunk = request.token_ids[:total]
+            ids = chunk.tolist() if isinstance(chunk, np.ndarray) else list(chunk)
+            return Prompt((), tuple(int(t) for t in ids))
+        bt = request.block_tokens
+        block_ids = self._block_ids(request)
+        word_ids = self._word_ids
+        out: list[int] = []
+        for index in range(-(-total // bt)):
+            words = self.block_words(block_ids[index], bt)
+            out.extend(word_ids[w] for w in words[: min(bt, total - index * bt)])
+        return Prompt((), tuple(out))

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from kvtide.clock import WallClock
 from kvtide.errors import ConfigError
@@ -22,6 +23,7 @@ from kvtide.types import Request
 from kvtide.workloads import Workload
 
 APIS = ("chat", "completions")
+PROMPT_FORMATS = ("text", "tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,10 @@ class LoadConfig:
     """Further base URLs (gateway replicas): request ``i`` of the plan goes to URL ``i mod n``
     of ``(url, *more_urls)``, a client-side round robin."""
     api: str = "chat"
+    prompt_format: str = "text"
+    """``text`` (words, chat turns for sessions) or ``tokens``: /v1/completions with the
+    trace's token ids as ``prompt`` and ``ignore_eos``, so the server gets the trace's
+    requests as they are (``PromptBuilder.token_ids``)."""
     model: str | None = None
     api_key: str | None = None
     rate: float | None = None
@@ -44,6 +50,23 @@ class LoadConfig:
     timeout_s: float = 300.0
     ignore_eos: bool = False
     temperature: float | None = 0.0
+
+    def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ConfigError(
+                f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, "
+                f"got {self.prompt_format!r}"
+            )
+        if self.prompt_format == "tokens" and self.api != "completions":
+            raise ConfigError(
+                "a token-id prompt needs the completions API (a chat request has no token-id "
+                "prompt)"
+            )
+
+    @property
+    def is_exact(self) -> bool:
+        """Token-id prompts replay the trace exactly: its output lengths too (``ignore_eos``)."""
+        return self.prompt_format == "tokens"
 
     @property
     def base_url(self) -> str:
@@ -91,13 +114,15 @@ def payload(config: LoadConfig, model: str, prompt: Prompt, request: Request) ->
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if config.api == "chat":
+    if prompt.token_ids is not None:
+        body["prompt"] = list(prompt.token_ids)
+    elif config.api == "chat":
         body["messages"] = [{"role": role, "content": text} for role, text in prompt.messages]
     else:
         body["prompt"] = prompt.text
     if config.temperature is not None:
         body["temperature"] = config.temperature
-    if config.ignore_eos:
+    if config.ignore_eos or config.is_exact:
         body["ignore_eos"] = True  # vLLM / SGLang extension: generate exactly max_tokens
     return body
 
@@ -175,6 +200,7 @@ async def run_load(
     """Runs the load and returns the report: ``config``, ``workload``, ``summary``, ``requests``."""
     plan = planned if planned is not None else schedule(workload, config)
     builder = PromptBuilder(tokenizer, config.seed)
+    build = builder.token_ids if config.prompt_format == "tokens" else builder.build
     clock = WallClock()
     headers = _headers(config)
     limit = asyncio.Semaphore(config.concurrency) if config.concurrency else None
@@ -191,8 +217,9 @@ async def run_load(
 
         endpoints = config.endpoints
 
-        async def one(at: float, request: Request, prompt: Prompt, target: int) -> None:
-            body = payload(config, model, prompt, request)
+        async def one(
+            at: float, request: Request, prompt: Prompt, body: bytes, target: int
+        ) -> None:
             nonlocal not_sent
             if limit is not None:
                 await limit.acquire()
@@ -214,11 +241,14 @@ async def run_load(
 
         async with asyncio.TaskGroup() as group:
             for i, (at, request) in enumerate(plan):
-                prompt = builder.build(request)  # in arrival order: sessions build up in order
+                # in arrival order (sessions build up in order), and encoded before the send
+                # time so that neither delays the request nor counts in its TTFT
+                prompt = build(request)
+                body = orjson.dumps(payload(config, model, prompt, request))
                 delay = at - (clock.now() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                group.create_task(one(at, request, prompt, i % len(endpoints)))
+                group.create_task(one(at, request, prompt, body, i % len(endpoints)))
         duration = clock.now() - start
     rows.sort(key=lambda r: (r["scheduled_s"], r["sent_s"]))
     return {

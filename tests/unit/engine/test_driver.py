@@ -108,6 +108,37 @@ def test_a_late_wake_up_never_starts_a_request_before_it_arrived(
     assert times == pytest.approx({"a": 0.010, "b": 0.013 + 0.004})
 
 
+def test_a_deferred_plan_is_the_plan_made_at_once(engine_clock: ManualClock) -> None:
+    """The server hands out an iteration's tokens before planning the next: the same tokens
+    at the same times, an arrival between the two included (it is planned without it)."""
+
+    def run(defer: bool) -> list[tuple[str, int, float]]:
+        driver = EngineDriver(make_engine(ManualClock()))
+        a, ha = request("a", list(range(1, 11)), output=4)
+        driver.add(a, ha, 0.0)
+        out = driver.on_wake(0.011, defer_plan=defer)  # a's first token, 1 ms late
+        b, hb = request("b", list(range(101, 105)), output=2)
+        driver.add(b, hb, 0.012)  # before anyone asked for the next wake-up
+        while (due := driver.next_wake_s) is not None:
+            out.extend(driver.on_wake(due + 0.001, defer_plan=defer))
+        return [(o.request_id, o.num_generated, o.time_s) for o in out]
+
+    assert run(defer=True) == run(defer=False)
+
+
+def test_a_deferred_plan_returns_one_iteration_at_a_time(engine_clock: ManualClock) -> None:
+    driver = EngineDriver(make_engine(engine_clock))
+    a, ha = request("a", list(range(1, 11)), output=1)
+    b, hb = request("b", list(range(101, 105)), output=1)
+    driver.add(a, ha, 0.0)
+    driver.add(b, hb, 0.0)  # waits: a's prefill took the iteration in flight
+    (first,) = driver.on_wake(1.0, defer_plan=True)
+    assert first.request_id == "a" and first.time_s == pytest.approx(0.010)
+    assert driver.next_wake_s == pytest.approx(0.014)  # b's iteration, planned now, is due
+    (second,) = driver.on_wake(1.0, defer_plan=True)
+    assert second.request_id == "b" and driver.next_wake_s is None
+
+
 def test_cached_tokens_are_reported_on_the_first_token_as_vllm_does(
     engine_clock: ManualClock,
 ) -> None:

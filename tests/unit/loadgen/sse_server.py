@@ -2,7 +2,8 @@
 loopback socket, streaming SSE the way vLLM does (a role chunk, one chunk per token, a finish
 chunk, a usage chunk with ``prompt_tokens_details.cached_tokens``, ``data: [DONE]``).
 
-Prompts are tokenized with kvtide's tokenizer (chat messages through the chat template) and
+Prompts are tokenized with kvtide's tokenizer (chat messages through the chat template; a
+token-id prompt is taken as it is) and
 ``cached_tokens`` counts the 16-token blocks shared with any earlier prompt, so prefix sharing
 in the text shows as it would on a prefix-caching engine. ``max_tokens`` picks a fault:
 41 answers 503, 42 answers 400 with an OpenAI error body, 43 stalls past any short timeout,
@@ -64,6 +65,8 @@ class Server:
         chat = "messages" in body
         if chat:
             ids = self.tokenizer.apply_chat_template(body["messages"], tokenize=True)
+        elif isinstance(body["prompt"], list):  # token ids, taken as they are
+            ids = list(body["prompt"])
         else:
             ids = self.tokenizer.encode(body["prompt"])
         self.prompts.append(ids)

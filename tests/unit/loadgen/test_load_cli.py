@@ -139,6 +139,27 @@ def test_error_kinds_are_counted_and_the_run_goes_on(tmp_path: Path, server: Ser
     assert all("prompt" in b for b in server.bodies)
 
 
+def test_token_prompts_send_the_trace_ids_as_they_are(tmp_path: Path, server: Server) -> None:
+    rows = [
+        {"token_ids": [1000 + i for i in range(40)], "output_length": 3, "timestamp": 0.0},
+        {"token_ids": [1000 + i for i in range(33)] + [5, 6], "output_length": 2,
+         "timestamp": 0.05},
+    ]  # fmt: skip
+    trace = write_jsonl(tmp_path / "tokens.jsonl", rows)
+    report = run_json(
+        tmp_path, "--url", f"http://127.0.0.1:{server.port}", "--workload", str(trace),
+        "--prompt-format", "tokens", "--time-scale", "0.5",
+    )  # fmt: skip
+    assert report["config"]["api"] == "completions"  # the default with token ids
+    assert [b["prompt"] for b in server.bodies] == [r["token_ids"] for r in rows]
+    assert [b["max_tokens"] for b in server.bodies] == [3, 2]
+    assert all(b["ignore_eos"] is True for b in server.bodies)
+    done = report["requests"]
+    assert [r["prompt_tokens"] for r in done] == [r["trace_prompt_tokens"] for r in done]
+    assert [r["cached_tokens"] for r in done] == [0, 32]  # two shared 16-token blocks
+    assert done[1]["scheduled_s"] == pytest.approx(0.025)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -223,6 +244,7 @@ def test_repeated_url_is_a_round_robin(tmp_path: Path, tokenizer: Tokenizer) -> 
         (["--slo-tpot=-1ms"], "--slo-tpot: must be at least 0"),
         (["--workload", "/no/such/trace.jsonl"], "/no/such/trace.jsonl"),
         (["--url", "ftp://127.0.0.1:1"], "--url: not an http(s) URL"),
+        (["--prompt-format", "tokens", "--api", "chat"], "--prompt-format tokens: needs --api"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args: list[str], message: str) -> None:

@@ -92,3 +92,22 @@ def test_a_turn_that_does_not_extend_the_last_is_one_message(builder: PromptBuil
     shorter = block_request("s2", [1, 2], 32, session_id="s")
     assert len(builder.build(first).messages) == 1
     assert len(builder.build(shorter).messages) == 1
+
+
+def test_token_ids_of_a_token_level_request_are_its_own(builder: PromptBuilder) -> None:
+    ids = np.arange(1000, 1040, dtype=np.int32)
+    request = Request("t", 0.0, 37, 8, 16, token_ids=ids)
+    prompt = builder.token_ids(request)
+    assert prompt.messages == () and prompt.token_ids == tuple(range(1000, 1037))
+
+
+def test_token_ids_of_blocks_are_the_tokens_of_their_text(
+    tokenizer: Tokenizer, builder: PromptBuilder
+) -> None:
+    a = builder.token_ids(block_request("a", [7, 8, 9], 40))
+    b = builder.token_ids(block_request("b", [7, 8, 5], 40))
+    assert a.token_ids is not None and b.token_ids is not None
+    assert len(a.token_ids) == 40
+    assert a.token_ids[:32] == b.token_ids[:32] and a.token_ids[32:] != b.token_ids[32:]
+    text = builder.build(block_request("a", [7, 8, 9], 40)).text
+    assert list(a.token_ids) == tokenizer.encode(text, add_special_tokens=False)

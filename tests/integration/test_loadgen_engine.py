@@ -1,0 +1,39 @@
+"""`kvtide load --prompt-format tokens` against a real `kvtide engine`: the trace's token ids
+arrive as they are (usage and the engine's own records count exactly the trace's tokens), a
+shared prefix is a cache hit of its whole blocks, and every answer has the trace's length."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine_process import SRC, running_engine
+
+
+def test_token_prompts_reach_the_engine_as_the_trace_has_them(tmp_path: Path) -> None:
+    head = list(range(1000, 1032))  # two 16-token blocks
+    trace_rows = [
+        {"token_ids": [*head, *range(2000, 2008)], "output_length": 5, "timestamp": 0.0},
+        {"token_ids": [*head, *range(3000, 3011)], "output_length": 3, "timestamp": 0.2},
+        {"token_ids": list(range(4000, 4017)), "output_length": 1, "timestamp": 0.3},
+    ]
+    trace = tmp_path / "tokens.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in trace_rows))
+    records, out = tmp_path / "records.jsonl", tmp_path / "load.json"
+    with running_engine("--speedup", "50", "--records", str(records)) as engine:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvtide", "load", "--url", engine.url, "--workload",
+             str(trace), "--prompt-format", "tokens", "--quiet", "--json", str(out)],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["requests"]
+    assert [r["error"] for r in rows] == [None, None, None]
+    assert [r["prompt_tokens"] for r in rows] == [40, 43, 17]
+    assert [r["cached_tokens"] for r in rows] == [0, 32, 0]
+    assert [r["output_tokens"] for r in rows] == [5, 3, 1]
+    engine_rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert sorted(r["prompt_tokens"] for r in engine_rows) == [17, 40, 43]
