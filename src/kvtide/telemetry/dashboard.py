@@ -120,6 +120,22 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Early warning: share of requests that recomputed evicted blocks",
+        "percentunit",
+        [
+            (
+                "last 5m",
+                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[5m])) / "
+                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[5m]))",
+            ),
+            (
+                "15m baseline",
+                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[15m] offset 5m)) / "
+                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[15m] offset 5m))",
+            ),
+        ],
+    ),
+    (
         "Alerts",
         "short",
         [
