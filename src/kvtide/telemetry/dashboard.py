@@ -124,14 +124,14 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "percentunit",
         [
             (
-                "last 5m",
-                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[5m])) / "
-                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[5m]))",
+                "last 2m",
+                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[2m])) / "
+                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[2m]))",
             ),
             (
-                "15m baseline",
-                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[15m] offset 5m)) / "
-                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[15m] offset 5m))",
+                "30m baseline",
+                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[30m] offset 2m)) / "
+                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[30m] offset 2m))",
             ),
         ],
     ),
