@@ -5,9 +5,12 @@ The detector compares a fast window (the last ``fast_s``) with a baseline (the `
 before it) over cumulative counters, exactly as the Prometheus rules of ``rules.py`` do with
 ``increase(x[fast])`` and ``increase(x[slow] offset fast)``:
 
-* **pool_undersized**: the share of the prefill work (prompt tokens not found on the device)
-  spent on blocks that were evicted and wanted again (the *regret ratio*) rose by at least
-  ``min_regret_rise`` over its baseline (and by ``regret_factor`` relative to it); eviction
+* **pool_undersized**: either of two signals rose over its baseline. The *work* signal: the
+  share of the prefill work (prompt tokens not found on the device) spent on blocks that were
+  evicted and wanted again (the *regret ratio*) rose by at least ``min_regret_rise`` (and by
+  ``regret_factor`` relative to it). The *tail* signal: the share of lookups (requests) that
+  recomputed at least one evicted block rose by ``min_hurt_rise`` and by ``hurt_z`` standard
+  errors (below). And for both: eviction
   velocity did not fall (``evict_factor``: in a full pool evictions follow insertions, i.e.
   misses, so a few points of hit ratio move it by only a few percent); arrivals stayed within
   ``steady_tolerance`` of their baseline; and the pool was already evicting when the baseline
@@ -23,7 +26,8 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
   reserved prompt room grows the private blocks as a consequence).
 
 pool_undersized has hysteresis: once firing it holds while the regret ratio stays
-``clear_regret_rise`` over its baseline (and the pool warm), so one episode is one alert.
+``clear_regret_rise`` over its baseline, or the tail signal's rise stays over half of both its
+thresholds (and the pool warm), so one episode is one alert.
 
 Why the regret ratio is over the prefill work, and ``min_regret_rise`` = 3 % of it: a regretted
 token is recomputed, so the rise is the fraction by which the prefill work grew; with a high hit
@@ -33,6 +37,18 @@ a utilisation of 0.7, 3 % more work lengthens the wait by 10 %, half of a 20 % d
 which leaves the margin to act. The windows follow the workload's time scales: the fast one
 holds enough requests for a stable ratio, the baseline several reuse-gap medians (about 2 minutes on
 production conversation traces).
+
+Why a second, per-request signal: the work signal is about the *mean* (queueing grows with
+the total prefill work), and a p99 target is about the *tail*. A p99 is the latency 1 % of
+requests exceed; it moves when about 1 % more requests become slow, long before the total
+work does (on ``builtin:mixed`` 3 % of requests recomputing their prefix moved TTFT p99 +42 %
+while the hit ratio fell 0.8 points). So the tail signal counts the requests eviction slowed
+and fires when their share rose by half of the 1 % the p99 tolerates (``min_hurt_rise`` =
+0.005: the same half-of-the-budget margin as above). A share of a few hundred requests is
+noisy, so the rise must also exceed ``hurt_z`` = 3 standard errors of the difference of two
+binomial shares drawn from one (pooled) rate: with ~12 independent fast windows an hour, a
+one-sided 3-sigma test leaves a steady workload about a 2 % chance of one false alarm an hour
+(if requests were independent; sessions correlate them, which is what the bench checks).
 """
 
 from __future__ import annotations
