@@ -111,8 +111,14 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     evicted = f'{EVICTED_BLOCKS.name}{{tier="device"}}'
     lookups = f'{LOOKUPS.name}{{tier="device"}}'
     hurt = EVICTED_MISS_LOOKUPS.name
-    n_fast, n_slow = q.inc(lookups, True), q.inc(lookups, False)
-    pooled = f"({q.inc(hurt, True)} + {q.inc(hurt, False)}) / ({n_fast} + {n_slow})"
+    # Request counts per window, recorded first: a group evaluates its rules in order, so the
+    # share and noise rules below read this evaluation's counts.
+    n_fast, n_slow = "kvtide:cache_lookups:fast", "kvtide:cache_lookups:slow"
+    h_fast, h_slow = (
+        "kvtide:cache_evicted_miss_lookups:fast",
+        "kvtide:cache_evicted_miss_lookups:slow",
+    )
+    pooled = "kvtide:cache_evicted_miss_share:pooled"
     f, s = _dur(c.fast_s), _dur(c.slow_s)
     record = {
         "kvtide:cache_regret_ratio:fast": (
@@ -128,12 +134,17 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
         "kvtide:cache_lookups_per_s:slow": f"{q.inc(lookups, False)} / {c.slow_s:g}",
         "kvtide:cache_prompt_tokens_per_s:fast": f"{q.inc(prompt, True)} / {c.fast_s:g}",
         "kvtide:cache_prompt_tokens_per_s:slow": f"{q.inc(prompt, False)} / {c.slow_s:g}",
-        "kvtide:cache_evicted_miss_share:fast": f"{q.inc(hurt, True)} / {n_fast}",
-        "kvtide:cache_evicted_miss_share:slow": f"{q.inc(hurt, False)} / {n_slow}",
+        n_fast: q.inc(lookups, True),
+        n_slow: q.inc(lookups, False),
+        h_fast: q.inc(hurt, True),
+        h_slow: q.inc(hurt, False),
+        "kvtide:cache_evicted_miss_share:fast": f"{h_fast} / {n_fast}",
+        "kvtide:cache_evicted_miss_share:slow": f"{h_slow} / {n_slow}",
+        pooled: f"({h_fast} + {h_slow}) / ({n_fast} + {n_slow})",
         # The pooled binomial standard error of the rise (fast - slow): what chance alone
         # moves a steady share by, given how many requests each window holds.
         "kvtide:cache_evicted_miss_share:noise": (
-            f"sqrt(({pooled}) * (1 - ({pooled})) * (1 / {n_fast} + 1 / {n_slow}))"
+            f"sqrt({pooled} * (1 - {pooled}) * (1 / {n_fast} + 1 / {n_slow}))"
         ),
         "kvtide:cache_cold_share:fast": (
             f"{q.inc(cold, True)} / ({q.inc(cold, True)} + {q.inc(regret, True)})"
