@@ -33,6 +33,7 @@ from kvtide.cli.processes import (
     start_gateway,
     wait_all_ready,
 )
+from kvtide.gateway.config import GatewayConfig
 from kvtide.loadgen import LoadConfig, run_load, schedule
 from kvtide.text import smollm2
 from kvtide.workloads import open_workload
@@ -49,6 +50,14 @@ def served(url: str) -> float:
         for line in text.splitlines()
         if line.startswith("vllm:request_success_total")
     )
+
+
+def gauge(url: str, name: str) -> float | None:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def rss_slope_mib_per_min(samples: Sequence[tuple[float, int]]) -> float | None:
@@ -146,6 +155,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             ready = json.loads(resp.read())
         victim_state = next(r for r in ready["replicas"] if r["url"] == victim.url)
         after = served(victim.url) - events.get("served_at_restart", 0.0)
+        prefix_cache = gauge(gw.url, "kvtide_gateway_prefix_cache_tokens")
         gateway_alive = gw.process.is_alive
     result = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -167,6 +177,11 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             "samples": len(rss),
         },
         "ttft_s": report["summary"]["ttft_s"],
+        # RSS grows while the gateway's tokenization cache fills toward its bound
+        "prefix_cache_tokens_at_end": prefix_cache,
+        "prefix_cache_bound_tokens": GatewayConfig().prefix_cache_tokens
+        if args.prefix_cache_tokens is None
+        else args.prefix_cache_tokens,
     }
     return result
 

@@ -91,6 +91,17 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
+        self.prefix_cache_tokens = Gauge(
+            "kvtide_gateway_prefix_cache_tokens",
+            "Token ids the conversation-prefix tokenization cache holds (its bound: "
+            "--prefix-cache-tokens)",
+            registry=r,
+        )
+        self.prefix_cache_entries = Gauge(
+            "kvtide_gateway_prefix_cache_entries",
+            "Conversation prefixes the tokenization cache holds",
+            registry=r,
+        )
         self.state_degraded = Gauge(
             "kvtide_gateway_state_degraded",
             "1 while the shared state store is unreachable (local index in use)",

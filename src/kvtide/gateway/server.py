@@ -219,6 +219,9 @@ class GatewayApp:
         # read it at scrape time so the gauge never disagrees with /ready.
         if gateway.shared is not None:
             metrics.state_degraded.set(1 if gateway.shared.degraded else 0)
+        cache = gateway.prompts.prefix_cache
+        metrics.prefix_cache_tokens.set(cache.tokens)
+        metrics.prefix_cache_entries.set(len(cache))
         await respond(send, 200, metrics.render(), PROMETHEUS)
         return 200
 

@@ -96,5 +96,8 @@ def test_event_fed_index_predicts_the_engines_hits_and_tenants_stay_apart(
     # the gateway hashed the prompt as the engine did, in the namespace of the events
     assert predicted > 0
     assert abs(predicted - cached) <= 16 * 2, (predicted, cached)
+    # two chats on one system prompt: its tokenization is held once, with each conversation's
+    held = _metric(url, "kvtide_gateway_prefix_cache_tokens")
+    assert 0 < held <= 2 * cached + 200 and _metric(url, "kvtide_gateway_prefix_cache_entries") >= 2
     for tenant, salt in (("beta", None), ("gamma", "anything")):
         assert _chat(url, tenant, "Where is parcel 2?", salt) == 0
