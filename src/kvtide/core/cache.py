@@ -123,9 +123,6 @@ class CacheStats:
     hit_blocks: int
     miss_tokens_cold: int
     miss_tokens_evicted: int
-    evicted_miss_lookups: int
-    """Lookups (requests) that missed at least one block evicted and wanted again: the
-    requests that recompute evicted blocks, the ones an undersized pool slows."""
     miss_tokens_other_namespace: int
     miss_tokens_partial: int
     inserted_blocks: int
@@ -264,7 +261,6 @@ class KVCache:
         self._hit_blocks = 0
         self._miss_cold = 0
         self._miss_evicted = 0
-        self._evicted_miss_lookups = 0
         self._miss_other = 0
         self._miss_partial = 0
         self._inserted = 0
@@ -424,7 +420,6 @@ class KVCache:
         missed = as_block_hashes(hashes)[hit:].tolist()
         evicted = recorder.evicted_among(missed) if recorder.ghost_limit else set()
         self._miss_evicted += len(evicted) * bt
-        self._evicted_miss_lookups += bool(evicted)
         if shadow_hashes is None:
             self._miss_cold += (len(missed) - len(evicted)) * bt
             return
@@ -520,7 +515,6 @@ class KVCache:
             hit_blocks=self._hit_blocks,
             miss_tokens_cold=self._miss_cold,
             miss_tokens_evicted=self._miss_evicted,
-            evicted_miss_lookups=self._evicted_miss_lookups,
             miss_tokens_other_namespace=self._miss_other,
             miss_tokens_partial=self._miss_partial,
             inserted_blocks=self._inserted,

@@ -16,7 +16,6 @@ from kvtide.telemetry.metrics import (
     CACHED_BLOCKS,
     CAPACITY_BLOCKS,
     EVICTED_BLOCKS,
-    EVICTED_MISS_LOOKUPS,
     FREED_BLOCKS,
     HIT_TOKENS,
     LOOKUPS,
@@ -73,7 +72,6 @@ class CacheTelemetry:
         add(HIT_TOKENS, s.hit_tokens, device)
         add(MISS_TOKENS, s.miss_tokens_cold, ("cold",))
         add(MISS_TOKENS, s.miss_tokens_evicted, ("evicted",))
-        add(EVICTED_MISS_LOOKUPS, s.evicted_miss_lookups)
         add(MISS_TOKENS, s.miss_tokens_other_namespace, ("other_namespace",))
         add(MISS_TOKENS, s.miss_tokens_partial, ("partial_block",))
         add(EVICTED_BLOCKS, s.evicted_blocks, device)

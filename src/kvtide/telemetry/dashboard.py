@@ -120,22 +120,6 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
-        "Early warning: share of requests that recomputed evicted blocks",
-        "percentunit",
-        [
-            (
-                "last 2m",
-                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[2m])) / "
-                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[2m]))",
-            ),
-            (
-                "30m baseline",
-                f"sum(increase({_q(m.EVICTED_MISS_LOOKUPS)}[30m] offset 2m)) / "
-                f"sum(increase({_q(m.LOOKUPS, DEVICE)}[30m] offset 2m))",
-            ),
-        ],
-    ),
-    (
         "Alerts",
         "short",
         [

@@ -5,12 +5,9 @@ The detector compares a fast window (the last ``fast_s``) with a baseline (the `
 before it) over cumulative counters, exactly as the Prometheus rules of ``rules.py`` do with
 ``increase(x[fast])`` and ``increase(x[slow] offset fast)``:
 
-* **pool_undersized**: either of two signals rose over its baseline. The *work* signal: the
-  share of the prefill work (prompt tokens not found on the device) spent on blocks that were
-  evicted and wanted again (the *regret ratio*) rose by at least ``min_regret_rise`` (and by
-  ``regret_factor`` relative to it). The *tail* signal: the share of lookups (requests) that
-  recomputed at least one evicted block rose by ``min_hurt_rise`` and by ``hurt_z`` standard
-  errors (below). And for both: eviction
+* **pool_undersized**: the share of the prefill work (prompt tokens not found on the device)
+  spent on blocks that were evicted and wanted again (the *regret ratio*) rose by at least
+  ``min_regret_rise`` over its baseline (and by ``regret_factor`` relative to it); eviction
   velocity did not fall (``evict_factor``: in a full pool evictions follow insertions, i.e.
   misses, so a few points of hit ratio move it by only a few percent); arrivals stayed within
   ``steady_tolerance`` of their baseline; and the pool was already evicting when the baseline
@@ -26,8 +23,7 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
   reserved prompt room grows the private blocks as a consequence).
 
 pool_undersized has hysteresis: once firing it holds while the regret ratio stays
-``clear_regret_rise`` over its baseline, or the tail signal's rise stays over half of both its
-thresholds (and the pool warm), so one episode is one alert.
+``clear_regret_rise`` over its baseline (and the pool warm), so one episode is one alert.
 
 Why the regret ratio is over the prefill work, and ``min_regret_rise`` = 3 % of it: a regretted
 token is recomputed, so the rise is the fraction by which the prefill work grew; with a high hit
@@ -37,18 +33,6 @@ a utilisation of 0.7, 3 % more work lengthens the wait by 10 %, half of a 20 % d
 which leaves the margin to act. The windows follow the workload's time scales: the fast one
 holds enough requests for a stable ratio, the baseline several reuse-gap medians (about 2 minutes on
 production conversation traces).
-
-Why a second, per-request signal: the work signal is about the *mean* (queueing grows with
-the total prefill work), and a p99 target is about the *tail*. A p99 is the latency 1 % of
-requests exceed; it moves when about 1 % more requests become slow, long before the total
-work does (on ``builtin:mixed`` 3 % of requests recomputing their prefix moved TTFT p99 +42 %
-while the hit ratio fell 0.8 points). So the tail signal counts the requests eviction slowed
-and fires when their share rose by half of the 1 % the p99 tolerates (``min_hurt_rise`` =
-0.005: the same half-of-the-budget margin as above). A share of a few hundred requests is
-noisy, so the rise must also exceed ``hurt_z`` = 3 standard errors of the difference of two
-binomial shares drawn from one (pooled) rate: with ~12 independent fast windows an hour, a
-one-sided 3-sigma test leaves a steady workload about a 2 % chance of one false alarm an hour
-(if requests were independent; sessions correlate them, which is what the bench checks).
 """
 
 from __future__ import annotations
@@ -67,7 +51,6 @@ from kvtide.telemetry.metrics import (
     CACHED_BLOCKS,
     CAPACITY_BLOCKS,
     EVICTED_BLOCKS,
-    EVICTED_MISS_LOOKUPS,
     HIT_TOKENS,
     LOOKUPS,
     MISS_TOKENS,
@@ -95,14 +78,6 @@ class DetectorConfig:
     clear_regret_rise: float = 0.015
     """Hysteresis: once firing, pool_undersized holds while the regret ratio stays this far
     above its baseline (and warm), though it fell below ``min_regret_rise``."""
-    min_hurt_rise: float = 0.005
-    """The tail signal: the share of lookups that recomputed evicted blocks rose by half of
-    the 1 % of requests a p99 leaves above it."""
-    hurt_z: float = 3.0
-    """... and by this many standard errors of a steady workload's rise (``hurt_noise``)."""
-    clear_hurt_rise: float = 0.0025
-    clear_hurt_z: float = 1.5
-    """Hysteresis of the tail signal: half of each entering threshold."""
     max_cold_share: float = 0.5
     private_factor: float = 1.25
     min_private_share: float = 0.1
@@ -112,11 +87,6 @@ class DetectorConfig:
             raise ValueError("windows must satisfy 0 < interval <= fast < slow")
         if not 0 <= self.clear_regret_rise <= self.min_regret_rise:
             raise ValueError("clear_regret_rise must be in [0, min_regret_rise]")
-        if not (
-            0 <= self.clear_hurt_rise <= self.min_hurt_rise
-            and 0 <= self.clear_hurt_z <= self.hurt_z
-        ):
-            raise ValueError("the tail signal's clearing thresholds must be below its entering")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +104,6 @@ class Sample:
     capacity_blocks: float
     hit_tokens: float = 0.0
     """Prompt tokens found on the device: prompt minus hit tokens is the prefill work."""
-    evicted_miss_lookups: float = 0.0
-    """Lookups that recomputed at least one evicted block (requests an eviction slowed)."""
 
     @property
     def work_tokens(self) -> float:
@@ -149,10 +117,9 @@ class Sample:
     @classmethod
     def of(cls, time_s: float, recorders: Iterable[MemoryRecorder]) -> Sample:
         """Sums device counters over ``recorders`` (one per replica, or one per fleet)."""
-        v = [0.0] * 10
+        v = [0.0] * 9
         for r in recorders:
             v[8] += r.value(HIT_TOKENS, ("device",))
-            v[9] += r.value(EVICTED_MISS_LOOKUPS)
             v[0] += r.value(LOOKUPS, ("device",))
             v[1] += r.value(PROMPT_TOKENS)
             v[2] += r.value(MISS_TOKENS, ("cold",))
@@ -183,23 +150,12 @@ class Signals:
     private_fast: float
     private_slow: float
     capacity_blocks: float
-    hurt_fast: float = math.nan
-    """The share of lookups that recomputed evicted blocks over the fast window (the
-    baseline's: ``hurt_slow``)."""
-    hurt_slow: float = math.nan
-    hurt_noise: float = math.nan
-    """The standard error of ``hurt_fast - hurt_slow`` were both windows drawn from one
-    share (pooled, binomial): the rise a steady workload shows by chance."""
 
     @classmethod
     def empty(cls, time_s: float = 0.0) -> Signals:
         """No evaluation at ``time_s``: every value NaN."""
         nan = math.nan
         return cls(time_s, nan, nan, nan, nan, nan, nan, nan, nan, nan, False, nan, nan, nan)
-
-    @property
-    def hurt_rise(self) -> float:
-        return self.hurt_fast - self.hurt_slow
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,12 +174,6 @@ def _ratio(num: float, den: float) -> float:
 
 def _within(fast: float, slow: float, tolerance: float) -> bool:
     return abs(_ratio(fast, slow) - 1) <= tolerance
-
-
-def _sigmas(rise: float, noise: float) -> str:
-    """A rise in standard errors of a steady workload's; "n/a" when undefined."""
-    z = rise / noise if noise > 0 else math.nan
-    return f"{z:.1f} standard errors" if math.isfinite(z) else "standard error n/a"
 
 
 def _pct(share: float, digits: int = 1) -> str:
@@ -312,15 +262,6 @@ class EarlyWarning:
         regret = inc("miss_evicted_tokens", now, f)
         cold = cold_fast
         warm = inc("evicted_blocks", now - s, f)
-        n_fast, n_slow = inc("lookups", now, f), inc("lookups", base_end, s)
-        h_fast = inc("evicted_miss_lookups", now, f)
-        h_slow = inc("evicted_miss_lookups", base_end, s)
-        pooled = _ratio(h_fast + h_slow, n_fast + n_slow)
-        noise = (
-            math.sqrt(pooled * (1 - pooled) * (1 / n_fast + 1 / n_slow))
-            if (n_fast > 0 and n_slow > 0)
-            else nan
-        )
         return Signals(
             time_s=now,
             regret_fast=_ratio(regret, prompt),
@@ -338,9 +279,6 @@ class EarlyWarning:
             private_fast=self._mean("private_blocks", now, f),
             private_slow=self._mean("private_blocks", base_end, s),
             capacity_blocks=self._samples[-1].capacity_blocks,
-            hurt_fast=_ratio(h_fast, n_fast),
-            hurt_slow=_ratio(h_slow, n_slow),
-            hurt_noise=noise,
         )
 
     # --- the rules ------------------------------------------------------------------------
@@ -362,21 +300,19 @@ class EarlyWarning:
         )
         out: dict[str, str | None] = dict.fromkeys(ALERTS)
         rise = g.regret_fast - g.regret_slow
-        work = rise >= c.min_regret_rise and g.regret_fast >= c.regret_factor * g.regret_slow
-        hurt = g.hurt_rise
-        tail = hurt >= c.min_hurt_rise and hurt >= c.hurt_z * g.hurt_noise
-        enters = g.is_warm and steady and evict_rising and (work or tail)
-        still = rise >= c.clear_regret_rise or (
-            hurt >= c.clear_hurt_rise and hurt >= c.clear_hurt_z * g.hurt_noise
+        enters = (
+            g.is_warm
+            and steady
+            and evict_rising
+            and rise >= c.min_regret_rise
+            and g.regret_fast >= c.regret_factor * g.regret_slow
         )
-        holds = "pool_undersized" in firing and g.is_warm and still
+        holds = "pool_undersized" in firing and g.is_warm and rise >= c.clear_regret_rise
         if enters or holds:
             out["pool_undersized"] = (
-                f"pool undersized: {_pct(g.hurt_fast)} of requests recomputed evicted blocks "
-                f"over the last {c.fast_s:.0f}s, up from {_pct(g.hurt_slow)} over the "
-                f"{c.slow_s:.0f}s before (+{_pct(hurt, 2)}, {_sigmas(hurt, g.hurt_noise)}); "
-                f"evicted-then-wanted tokens are {_pct(g.regret_fast)} of the "
-                f"prefill work, up from {_pct(g.regret_slow)} (+{_pct(rise)}); eviction velocity "
+                f"pool undersized: evicted-then-wanted tokens are {_pct(g.regret_fast)} of the "
+                f"prefill work over the last {c.fast_s:.0f}s, up from {_pct(g.regret_slow)} over "
+                f"the {c.slow_s:.0f}s before (+{_pct(rise)}); eviction velocity "
                 f"{g.evict_fast:,.1f} blocks/s, baseline {g.evict_slow:,.1f}; {arrivals}; "
                 f"{_pct(g.cold_share, 0)} of missed tokens are first uses"
             )
@@ -461,9 +397,6 @@ def _values(g: Signals) -> dict[str, float]:
         "cold_share": g.cold_share,
         "private_fast": g.private_fast,
         "private_slow": g.private_slow,
-        "hurt_fast": g.hurt_fast,
-        "hurt_slow": g.hurt_slow,
-        "hurt_noise": g.hurt_noise,
     }
 
 

@@ -116,13 +116,6 @@ MISS_TOKENS = _c(
     "also counted as that tier's hit, but recomputed because reloading was slower).",
     "cause",
 )
-EVICTED_MISS_LOOKUPS = _c(
-    "kvtide_cache_evicted_miss_lookups_total",
-    "requests",
-    "Device lookups that missed at least one block evicted and wanted again: requests that "
-    "recomputed evicted blocks (over the device lookups, the share of requests an undersized "
-    "pool slows, which is what moves a latency percentile).",
-)
 EVICTED_BLOCKS = _c(
     "kvtide_cache_evicted_blocks_total",
     "blocks",

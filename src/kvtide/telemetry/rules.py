@@ -21,7 +21,6 @@ from kvtide.telemetry.metrics import (
     CACHED_BLOCKS,
     CAPACITY_BLOCKS,
     EVICTED_BLOCKS,
-    EVICTED_MISS_LOOKUPS,
     HIT_TOKENS,
     LOOKUPS,
     MISS_TOKENS,
@@ -41,10 +40,9 @@ DEVICE = '{tier="device"}'
 
 SUMMARIES = {
     "pool_undersized": (
-        "KV pool undersized on {{ $labels.%s }}: the share of requests that recomputed evicted "
-        "blocks is {{ $value | humanizePercentage }} over the %s baseline (or evicted-then-"
-        "wanted tokens rose as a share of the prefill work) while eviction velocity rose and "
-        "arrivals and prompt tokens stayed steady"
+        "KV pool undersized on {{ $labels.%s }}: evicted-then-wanted tokens rose by "
+        "{{ $value | humanizePercentage }} of the prefill work over the %s baseline while "
+        "eviction velocity rose and arrivals and prompt tokens stayed steady"
     ),
     "cold_start": (
         "Cold start on {{ $labels.%s }}: {{ $value | humanizePercentage }} of missed tokens "
@@ -56,7 +54,7 @@ SUMMARIES = {
     ),
 }
 VALUE = {
-    "pool_undersized": lambda g: g.hurt_rise,
+    "pool_undersized": lambda g: g.regret_fast - g.regret_slow,
     "cold_start": lambda g: g.cold_share,
     "fragmentation": lambda g: g.private_fast,
 }
@@ -110,15 +108,6 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     hit = f'{HIT_TOKENS.name}{{tier="device"}}'
     evicted = f'{EVICTED_BLOCKS.name}{{tier="device"}}'
     lookups = f'{LOOKUPS.name}{{tier="device"}}'
-    hurt = EVICTED_MISS_LOOKUPS.name
-    # Request counts per window, recorded first: a group evaluates its rules in order, so the
-    # share and noise rules below read this evaluation's counts.
-    n_fast, n_slow = "kvtide:cache_lookups:fast", "kvtide:cache_lookups:slow"
-    h_fast, h_slow = (
-        "kvtide:cache_evicted_miss_lookups:fast",
-        "kvtide:cache_evicted_miss_lookups:slow",
-    )
-    pooled = "kvtide:cache_evicted_miss_share:pooled"
     f, s = _dur(c.fast_s), _dur(c.slow_s)
     record = {
         "kvtide:cache_regret_ratio:fast": (
@@ -134,18 +123,6 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
         "kvtide:cache_lookups_per_s:slow": f"{q.inc(lookups, False)} / {c.slow_s:g}",
         "kvtide:cache_prompt_tokens_per_s:fast": f"{q.inc(prompt, True)} / {c.fast_s:g}",
         "kvtide:cache_prompt_tokens_per_s:slow": f"{q.inc(prompt, False)} / {c.slow_s:g}",
-        n_fast: q.inc(lookups, True),
-        n_slow: q.inc(lookups, False),
-        h_fast: q.inc(hurt, True),
-        h_slow: q.inc(hurt, False),
-        "kvtide:cache_evicted_miss_share:fast": f"{h_fast} / {n_fast}",
-        "kvtide:cache_evicted_miss_share:slow": f"{h_slow} / {n_slow}",
-        pooled: f"({h_fast} + {h_slow}) / ({n_fast} + {n_slow})",
-        # The pooled binomial standard error of the rise (fast - slow): what chance alone
-        # moves a steady share by, given how many requests each window holds.
-        "kvtide:cache_evicted_miss_share:noise": (
-            f"sqrt({pooled} * (1 - {pooled}) * (1 / {n_fast} + 1 / {n_slow}))"
-        ),
         "kvtide:cache_cold_share:fast": (
             f"{q.inc(cold, True)} / ({q.inc(cold, True)} + {q.inc(regret, True)})"
         ),
@@ -169,8 +146,6 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     on = f"on ({', '.join(by)}) "
     firing = f'ALERTS{{alertname="{ALERT_NAMES["pool_undersized"]}", alertstate="firing"}}'
     rise = "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
-    hurt_rise = "kvtide:cache_evicted_miss_share:fast - kvtide:cache_evicted_miss_share:slow"
-    noise = "kvtide:cache_evicted_miss_share:noise"
     private_fast = f"avg_over_time(kvtide:cache_private_blocks[{f}])"
     private_slow = f"avg_over_time(kvtide:cache_private_blocks[{s}] offset {f})"
     fragmented = f'ALERTS{{alertname="{ALERT_NAMES["fragmentation"]}", alertstate="firing"}}'
@@ -180,20 +155,13 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
         f"and {rising}\nand {steady}\nand kvtide:cache_evictions:warm > 0"
     )
     exprs = {
-        # Its value is the tail signal's rise in every branch (``x and cond`` keeps x's value),
-        # so the summary reads the same number whichever branch holds.
         "pool_undersized": (
-            f"{hurt_rise}\nand (\n"
-            f"  (\n    {rise} >= {c.min_regret_rise:g}\n"
-            f"    and kvtide:cache_regret_ratio:fast >= {c.regret_factor:g} * "
+            f"(\n  {rise} >= {c.min_regret_rise:g}\n"
+            f"  and kvtide:cache_regret_ratio:fast >= {c.regret_factor:g} * "
             "kvtide:cache_regret_ratio:slow\n"
-            f"    or\n    {hurt_rise} >= {c.min_hurt_rise:g}\n"
-            f"    and {hurt_rise} >= {c.hurt_z:g} * {noise}\n  )\n"
             f"  and {rising}\n  and {steady.replace(chr(10), chr(10) + '  ')}\n"
-            "  and kvtide:cache_evictions:warm > 0\n"
-            f"  or (\n    {rise} >= {c.clear_regret_rise:g}\n"
-            f"    or\n    {hurt_rise} >= {c.clear_hurt_rise:g}\n"
-            f"    and {hurt_rise} >= {c.clear_hurt_z:g} * {noise}\n  )\n"
+            "  and kvtide:cache_evictions:warm > 0\n)\nor (\n"
+            f"  {rise} >= {c.clear_regret_rise:g}\n"
             "  and kvtide:cache_evictions:warm > 0\n"
             f"  and {on}{firing}\n)"
         ),
@@ -235,32 +203,27 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
 # --- promtool unit tests ---------------------------------------------------------------------
 
 
-Step = tuple[float, ...]
-"""(lookups, prompt, cold, evicted-miss tokens, evicted blocks) increments, (used, cached)
-gauges, and optionally the increment of lookups that recomputed evicted blocks (default: a
-steady tenth of the lookups)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """Per-evaluation counter increments and gauges of one synthetic instance."""
 
     name: str
     steps: int
-    step: Callable[[int], Step]
-    """i -> the ``Step`` at evaluation i."""
+    step: Callable[[int], tuple[float, float, float, float, float, float, float]]
+    """i -> (lookups, prompt, cold, evicted-miss tokens, evicted blocks) increments and
+    (used, cached) gauges at evaluation i."""
 
 
 def _scenarios(c: DetectorConfig) -> list[Scenario]:
     per_min = 60.0 / c.interval_s
     warm_at = int(2 * c.slow_s / c.interval_s)  # a long steady stretch before any change
 
-    def undersized(i: int) -> Step:
+    def undersized(i: int) -> tuple[float, float, float, float, float, float, float]:
         regret = 500.0 if i >= warm_at else 100.0  # 2% -> 10% of the prefill work
         evicted = 40.0 if i >= warm_at else 20.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
-    def wavering(i: int) -> Step:
+    def wavering(i: int) -> tuple[float, float, float, float, float, float, float]:
         # The regret ratio climbs fast (0.6 points a minute: the alert fires), then slowly
         # (0.225 a minute: 2.25 points over the baseline, below the firing threshold and above
         # the clearing one): with hysteresis the alert holds through the slow climb.
@@ -271,16 +234,16 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         evicted = 20.0 if late < 0 else 40.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
-    def cold_start(i: int) -> Step:
+    def cold_start(i: int) -> tuple[float, float, float, float, float, float, float]:
         filling = i < 10 * per_min  # ten minutes of first uses, then a warm steady pool
         cold = 5_000.0 if filling else 50.0
         evicted = 0.0 if filling else 20.0
         return (10.0, 10_000.0, cold, 0.0 if filling else 100.0, evicted, 900.0, 800.0)
 
-    def steady(i: int) -> Step:
+    def steady(i: int) -> tuple[float, float, float, float, float, float, float]:
         return (10.0, 10_000.0, 50.0, 100.0 + (i % 3) * 10.0, 20.0, 900.0, 800.0)
 
-    def undersized_then_private(i: int) -> Step:
+    def undersized_then_private(i: int) -> tuple[float, float, float, float, float, float, float]:
         # The pool turns undersized, then requests queue and their private blocks grow: the
         # consequence raises no fragmentation alert of its own.
         late = i >= warm_at
@@ -289,33 +252,10 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         later = i >= warm_at + 4 * per_min
         return (10.0, 10_000.0, 50.0, regret, evicted, 950.0, 500.0 if later else 800.0)
 
-    def fragmented(i: int) -> Step:
+    def fragmented(i: int) -> tuple[float, float, float, float, float, float, float]:
         late = i >= warm_at
         evicted = 30.0 if late else 20.0
         return (10.0, 10_000.0, 50.0, 100.0, evicted, 950.0, 500.0 if late else 800.0)
-
-    def tail(i: int) -> Step:
-        # A few more requests recompute evicted blocks (5 % -> 10 % of them, over 3 standard
-        # errors with 100 lookups a step) while the regret ratio stays flat, then they fall
-        # back: the tail signal fires, holds and clears.
-        late = warm_at <= i < warm_at + 20 * per_min
-        return (
-            100.0,
-            10_000.0,
-            50.0,
-            100.0,
-            30.0 if late else 20.0,
-            900.0,
-            800.0,
-            10.0 if late else 5.0,
-        )
-
-    def tail_few(i: int) -> Step:
-        # The same shape with 10 lookups a step: 0 -> 1 request in 4 steps recomputes evicted
-        # blocks, a rise over min_hurt_rise that chance explains (under 3 standard errors).
-        late = i >= warm_at
-        hurt = 1.0 if late and i % 4 == 0 else 0.0
-        return (10.0, 10_000.0, 50.0, 100.0, 30.0 if late else 20.0, 900.0, 800.0, hurt)
 
     n = warm_at + int(c.slow_s / c.interval_s)
     return [
@@ -325,20 +265,17 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         Scenario("steady", n, steady),
         Scenario("fragmented", n, fragmented),
         Scenario("undersized_then_private", n, undersized_then_private),
-        Scenario("tail", n + int(c.slow_s / c.interval_s), tail),
-        Scenario("tail_few", n, tail_few),
     ]
 
 
 def _samples(sc: Scenario, c: DetectorConfig) -> list[Sample]:
     out = []
-    totals = [0.0] * 6
+    totals = [0.0] * 5
     for i in range(sc.steps):
         inc = sc.step(i)
-        hurt = inc[7] if len(inc) > 7 else inc[0] / 10
         if i:
-            totals = [t + d for t, d in zip(totals, (*inc[:5], hurt), strict=True)]
-        lookups, prompt, cold, regret, evicted, hurt_total = totals
+            totals = [t + d for t, d in zip(totals, inc[:5], strict=True)]
+        lookups, prompt, cold, regret, evicted = totals
         # Half of every prompt hits: the prefill work is the other half.
         out.append(
             Sample(
@@ -352,7 +289,6 @@ def _samples(sc: Scenario, c: DetectorConfig) -> list[Sample]:
                 inc[6],
                 1e3,
                 prompt / 2,
-                hurt_total,
             )
         )
     return out
@@ -384,7 +320,6 @@ def unit_tests(
             (MISS_TOKENS.name, 'cause="cold", ', "miss_cold_tokens"),
             (MISS_TOKENS.name, 'cause="evicted", ', "miss_evicted_tokens"),
             (EVICTED_BLOCKS.name, 'tier="device", ', "evicted_blocks"),
-            (EVICTED_MISS_LOOKUPS.name, "", "evicted_miss_lookups"),
             (USED_BLOCKS.name, "", "used_blocks"),
             (CACHED_BLOCKS.name, 'tier="device", ', "cached_blocks"),
             (CAPACITY_BLOCKS.name, 'tier="device", ', "capacity_blocks"),

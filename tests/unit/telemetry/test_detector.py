@@ -34,7 +34,7 @@ def test_a_rising_regret_ratio_with_steady_arrivals_flags_an_undersized_pool() -
     change_s = 2 * CONFIG.slow_s
     # The condition holds from the first evaluation whose fast window shows the rise.
     assert change_s < alert.time_s <= change_s + CONFIG.fast_s + CONFIG.for_s
-    assert "of the prefill work, up from 2.0%" in alert.reason
+    assert "of the prefill work over the last 300s, up from 2.0%" in alert.reason
     # In the fast window: 50 cold tokens per step against 100, then 500, evicted ones.
     assert 50 / 550 < alert.values["cold_share"] < 50 / 150
     rec = d.recorder
@@ -57,29 +57,6 @@ def test_an_alert_holds_on_its_clearing_threshold_hysteresis() -> None:
     assert "pool_undersized" in d.active  # still firing at the end
     no_hysteresis = DetectorConfig(clear_regret_rise=CONFIG.min_regret_rise)
     assert not run("wavering", no_hysteresis).active  # it would have cleared
-
-
-def test_more_requests_recomputing_evicted_blocks_flag_an_undersized_pool() -> None:
-    """The tail signal: 5 % -> 10 % of requests recompute evicted blocks while the regret
-    ratio stays flat (only the few requests a p99 is made of got slower); it fires, holds
-    while the rise stays over its clearing thresholds, and clears once the share falls back."""
-    d = run("tail")
-    assert [a.name for a in d.history] == ["pool_undersized"]
-    g = next(s for s in d.signals if s.time_s == d.history[0].time_s)
-    assert g.regret_fast - g.regret_slow < CONFIG.clear_regret_rise  # not the work signal
-    assert g.hurt_rise >= max(CONFIG.min_hurt_rise, CONFIG.hurt_z * g.hurt_noise)
-    assert "of requests recomputed evicted blocks" in d.history[0].reason
-    assert "standard errors" in d.history[0].reason
-    assert not d.active  # cleared
-    assert run("tail", DetectorConfig(min_hurt_rise=0.06, clear_hurt_rise=0.0)).history == []
-
-
-def test_a_rise_in_few_requests_that_chance_explains_is_not_an_alarm() -> None:
-    """10 lookups a step: 0 -> 2.5 % of them recompute evicted blocks, over min_hurt_rise but
-    within 3 standard errors of a steady share: no alarm (without the noise guard, one)."""
-    assert run("tail_few").history == []
-    loose = DetectorConfig(hurt_z=0.0, clear_hurt_z=0.0)
-    assert [a.name for a in run("tail_few", loose).history] == ["pool_undersized"]
 
 
 def test_rising_prompt_tokens_with_steady_arrivals_are_not_an_undersized_pool() -> None:
@@ -171,23 +148,18 @@ def test_rules_pass_promtool_check_and_its_unit_tests(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus) not installed")
 @pytest.mark.parametrize(
-    ("flags", "scenario"),
-    [
-        (["--max-cold-share", "0.05"], None),
-        (["--clear-regret-rise", "0.03"], "wavering"),
-        (["--hurt-z", "0", "--clear-hurt-z", "0"], "tail_few"),
-    ],
+    ("flag", "value", "scenario"),
+    [("--max-cold-share", "0.05", None), ("--clear-regret-rise", "0.03", "wavering")],
 )
 def test_promtool_fails_rules_that_disagree_with_the_detector(
-    tmp_path: Path, flags: list[str], scenario: str | None
+    tmp_path: Path, flag: str, value: str, scenario: str | None
 ) -> None:
     """The unit tests can fail: rules with a looser threshold fire where the detector does
-    not; rules without hysteresis clear where the detector holds; rules without the tail
-    signal's noise guard fire on a rise that chance explains."""
+    not; rules without hysteresis clear where the detector holds."""
     assert PROMTOOL is not None
     rules, tests = tmp_path / "rules.yml", tmp_path / "rules_test.yml"
     assert main(["alerts", "--out", str(rules), "--tests", str(tests)]) == 0
-    assert main(["alerts", "--out", str(rules), *flags]) == 0
+    assert main(["alerts", "--out", str(rules), flag, value]) == 0
     proc = subprocess.run(
         [PROMTOOL, "test", "rules", str(tests)],
         capture_output=True,
