@@ -29,6 +29,7 @@ import numpy as np
 from kvtide.cli.processes import (
     ProcessGroup,
     proc_rss_bytes,
+    requests_served,
     start_engine,
     start_gateway,
     wait_all_ready,
@@ -39,17 +40,6 @@ from kvtide.text import smollm2
 from kvtide.workloads import open_workload
 
 MODEL = "emu"
-
-
-def served(url: str) -> float:
-    """Requests an engine finished (its vllm:request_success_total, all reasons)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:request_success_total")
-    )
 
 
 def gauge(url: str, name: str) -> float | None:
@@ -131,7 +121,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(args.down_s)
             await asyncio.to_thread(victim.restart)
             events["restarted_s"] = time.monotonic() - start
-            events["served_at_restart"] = await asyncio.to_thread(served, victim.url)
+            events["served_at_restart"] = await asyncio.to_thread(requests_served, victim.url)
 
         async def sample() -> None:
             while True:
@@ -154,7 +144,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         with urllib.request.urlopen(f"{gw.url}/ready", timeout=5) as resp:
             ready = json.loads(resp.read())
         victim_state = next(r for r in ready["replicas"] if r["url"] == victim.url)
-        after = served(victim.url) - events.get("served_at_restart", 0.0)
+        after = requests_served(victim.url) - events.get("served_at_restart", 0.0)
         prefix_cache = gauge(gw.url, "kvtide_gateway_prefix_cache_tokens")
         gateway_alive = gw.process.is_alive
     result = {

@@ -22,29 +22,24 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtide.cli.processes import Engine, ProcessGroup, start_engine, start_gateway, wait_all_ready
+from kvtide.cli.processes import (
+    Engine,
+    ProcessGroup,
+    requests_served,
+    start_engine,
+    start_gateway,
+    wait_all_ready,
+)
 from kvtide.errors import KvtideError
 from kvtide.loadgen import LoadConfig, run_load, schedule
 from kvtide.text import smollm2
 from kvtide.workloads import open_workload
 
 MODEL = "emu"
-
-
-def served(url: str) -> float:
-    """Requests an engine finished (its vllm:request_success_total, all reasons)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:request_success_total")
-    )
 
 
 def workload_spec(args: argparse.Namespace) -> str:
@@ -79,7 +74,7 @@ def run_design(
         )
         plan = schedule(workload, config)
         report = asyncio.run(run_load(config, workload, smollm2(), None, plan))
-        per_engine = [served(e.url) for e in engines]
+        per_engine = [requests_served(e.url) for e in engines]
     summary = report["summary"]
     mean = sum(per_engine) / len(per_engine) if per_engine else 0.0
     return {

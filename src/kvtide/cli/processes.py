@@ -266,6 +266,17 @@ class ProcessGroup:
             signal.signal(signal.SIGINT, previous)
 
 
+def requests_served(url: str) -> float:
+    """Requests an engine finished (its vllm:request_success_total, all reasons)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
+
+
 def wait_all_ready(engines: Sequence[Engine], timeout_s: float = 90.0) -> None:
     for e in engines:
         e.wait_ready(timeout_s)

@@ -68,12 +68,21 @@ def _wait(cond, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def
     raise AssertionError("condition not met in time")
 
 
-def test_two_gateways_share_one_index_through_redis(engines: list[Engine]) -> None:
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
+@pytest.fixture
+def client() -> redis.Redis:  # type: ignore[type-arg]
+    """The machine's Redis on 127.0.0.1:6379 (skip without one)."""
+    c = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
     try:
-        client.ping()
+        c.ping()
     except redis.RedisError:
         pytest.skip("no Redis on 127.0.0.1:6379")
+    return c
+
+
+def test_two_gateways_share_one_index_through_redis(
+    engines: list[Engine],
+    client: redis.Redis,  # type: ignore[type-arg]
+) -> None:
     prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
     state = ["--state", "redis://127.0.0.1:6379/0", "--state-prefix", prefix]
     with_events = [
@@ -108,14 +117,12 @@ def test_two_gateways_share_one_index_through_redis(engines: list[Engine]) -> No
             client.delete(key)
 
 
-def test_text_mode_gateways_share_their_decisions_through_redis(engines: list[Engine]) -> None:
+def test_text_mode_gateways_share_their_decisions_through_redis(
+    engines: list[Engine],
+    client: redis.Redis,  # type: ignore[type-arg]
+) -> None:
     """No tokenizer, so no engine events: the second gateway learns where the first put a
     prefix only from the shadow index the first writes into Redis."""
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
     prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
     shared = ["--state", "redis://127.0.0.1:6379/0", "--state-prefix", prefix,
               "--tenant-secret", "one-deployment"]  # fmt: skip
