@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 from xxhash import xxh3_64_intdigest
 
 from kvtide.core.hashing import BlockHashes, hash_tokens
@@ -25,6 +26,23 @@ from kvtide.gateway.status import BAD_REQUEST, TOO_LARGE, ApiError
 CHARS_PER_TOKEN = 4
 """Bytes per token of English text under BPE vocabularies (tiktoken, Llama): the text-mode
 estimate of ``prompt_tokens``."""
+
+
+Ids = npt.NDArray[np.int32]
+"""Token ids as the prefix cache holds and returns them: int32, read-only."""
+
+
+def _ids(ids: list[int]) -> Ids:
+    """The one conversion of a tokenizer's list (~40 ns an id); hashing reads int32 as is."""
+    arr = np.array(ids, dtype=np.int32)
+    arr.flags.writeable = False
+    return arr
+
+
+def _join(*parts: Ids) -> Ids:
+    arr = np.concatenate(parts)
+    arr.flags.writeable = False
+    return arr
 
 
 class PromptTokenizer(Protocol):
@@ -152,12 +170,12 @@ class PromptHasher:
         tokens = max(len(raw) // CHARS_PER_TOKEN, 1)
         return Prompt(BlockHashes(out.tobytes()), tokens)
 
-    def _tokens(self, ids: Sequence[int], seed: int, param: str) -> Prompt:
+    def _tokens(self, ids: Sequence[int] | Ids, seed: int, param: str) -> Prompt:
         if len(ids) > self.max_prompt_tokens:
             raise ApiError(
                 TOO_LARGE, f"prompt of {len(ids)} tokens (limit {self.max_prompt_tokens})", param
             )
-        arr = np.asarray(ids, dtype=np.int64)
+        arr = ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=np.int64)
         return Prompt(hash_tokens(arr, self.block_tokens, seed), len(ids))
 
 
@@ -173,8 +191,9 @@ class PrefixTokenCache:
 
     Bounded by the token ids it holds, not by entries: conversations grow turn by turn, so a
     count of entries bounds nothing (4,096 long conversations as Python int lists grew a
-    soak's gateway by ~19 MiB/min). Ids are kept as ``array('i')`` (4 bytes a token, against
-    ~36 for a list of ints) and the least recently used prefixes go first once ``max_tokens``
+    soak's gateway by ~19 MiB/min). Ids are kept as read-only int32 numpy arrays (4 bytes a
+    token, against ~36 for a list of ints; converted once from the tokenizer's list, handed to
+    the block hashing as they are) and the least recently used prefixes go first once ``max_tokens``
     is passed. A turn that extends a cached prefix replaces it (the new entry's ids begin with
     its ids), so a conversation holds its latest turn only.
     The rendered text kept beside them for the prefix check is about as large again
@@ -185,16 +204,14 @@ class PrefixTokenCache:
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, array[int]]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, Ids]] = OrderedDict()
         self.tokens = 0
         """Token ids held now, over every entry: never above ``max_tokens``."""
-        self._suffixes: dict[int, tuple[str, list[int]] | None] = {}
+        self._suffixes: dict[int, tuple[str, Ids] | None] = {}
         self.hits = 0
         self.misses = 0
 
-    def _generation_suffix(self, tok: PromptTokenizer) -> tuple[str, list[int]] | None:
+    def _generation_suffix(self, tok: PromptTokenizer) -> tuple[str, Ids] | None:
         """The text ``add_generation_prompt`` appends and its ids, when the template just
         appends it and the tokenizer splits there (checked once per tokenizer on a probe): one
         render per request then gives both the prompt and the conversation without it, and
@@ -205,28 +222,28 @@ class PrefixTokenCache:
             probe = [{"role": "user", "content": "probe"}]
             conv = tok.apply_chat_template(probe, add_generation_prompt=False)
             full = tok.apply_chat_template(probe, add_generation_prompt=True)
-            suffix: tuple[str, list[int]] | None = None
+            suffix: tuple[str, Ids] | None = None
             if full.startswith(conv) and len(full) > len(conv):
                 tail = full[len(conv) :]
                 tail_ids = tok.encode(tail, add_special_tokens=False)
                 split = tok.encode(conv, add_special_tokens=False) + tail_ids
                 if split == tok.encode(full, add_special_tokens=False):
-                    suffix = (tail, tail_ids)
+                    suffix = (tail, _ids(tail_ids))
             self._suffixes[key] = suffix
         return self._suffixes[key]
 
-    def tokenize(self, tok: PromptTokenizer, messages: list[dict[str, str]]) -> list[int]:
+    def tokenize(self, tok: PromptTokenizer, messages: list[dict[str, str]]) -> Ids:
         full = tok.apply_chat_template(messages, add_generation_prompt=True)
         key = tuple((m["role"], m["content"]) for m in messages)
         suffix = self._generation_suffix(tok)
         if suffix is not None and full.endswith(suffix[0]):
             conv = full[: len(full) - len(suffix[0])]
-            return self._conversation_ids(tok, key, conv, messages) + suffix[1]
+            return _join(self._conversation_ids(tok, key, conv, messages), suffix[1])
         conv = tok.apply_chat_template(messages, add_generation_prompt=False)
         if not full.startswith(conv):  # a template that rewrites history at the end
-            return tok.encode(full, add_special_tokens=False)
+            return _ids(tok.encode(full, add_special_tokens=False))
         ids = self._conversation_ids(tok, key, conv, messages)
-        return ids + tok.encode(full[len(conv) :], add_special_tokens=False)
+        return _join(ids, _ids(tok.encode(full[len(conv) :], add_special_tokens=False)))
 
     def _conversation_ids(
         self,
@@ -234,13 +251,13 @@ class PrefixTokenCache:
         key: tuple[tuple[str, str], ...],
         conv: str,
         messages: list[dict[str, str]],
-    ) -> list[int]:
+    ) -> Ids:
         found = self._entries.get(key)
         if found is not None and found[0] == conv:
             self._entries.move_to_end(key)
             self.hits += 1
-            return found[1].tolist()
-        ids: list[int] | None = None
+            return found[1]
+        ids: Ids | None = None
         for k in range(len(key) - 1, 0, -1):
             prior = self._entries.get(key[:k])
             if prior is None:
@@ -248,8 +265,8 @@ class PrefixTokenCache:
             text, prefix_ids = prior
             if conv.startswith(text):
                 self.hits += 1
-                ids = prefix_ids.tolist()
-                ids += tok.encode(conv[len(text) :], add_special_tokens=False)
+                rest = tok.encode(conv[len(text) :], add_special_tokens=False)
+                ids = _join(prefix_ids, _ids(rest))
                 if k > 1:  # superseded by the longer entry stored below, which begins with it:
                     # without this a conversation of N turns held 1+2+...+N turns' ids
                     self._drop(key[:k])
@@ -268,16 +285,17 @@ class PrefixTokenCache:
         key: tuple[tuple[str, str], ...],
         conv: str,
         messages: list[dict[str, str]],
-    ) -> list[int]:
+    ) -> Ids:
         """A miss: the first message (a system prompt, usually shared by many
         conversations) is tokenized and stored on its own, then the rest."""
         if len(messages) > 1:
             first = tok.apply_chat_template(messages[:1], add_generation_prompt=False)
             if conv.startswith(first):
-                first_ids = tok.encode(first, add_special_tokens=False)
+                first_ids = _ids(tok.encode(first, add_special_tokens=False))
                 self._store(key[:1], first, first_ids)
-                return first_ids + tok.encode(conv[len(first) :], add_special_tokens=False)
-        return tok.encode(conv, add_special_tokens=False)
+                rest = tok.encode(conv[len(first) :], add_special_tokens=False)
+                return _join(first_ids, _ids(rest))
+        return _ids(tok.encode(conv, add_special_tokens=False))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -287,11 +305,11 @@ class PrefixTokenCache:
         if gone is not None:
             self.tokens -= len(gone[1])
 
-    def _store(self, key: tuple[tuple[str, str], ...], text: str, ids: list[int]) -> None:
+    def _store(self, key: tuple[tuple[str, str], ...], text: str, ids: Ids) -> None:
         if len(ids) > self.max_tokens:  # would evict everything and still not fit
             return
         self._drop(key)
-        self._entries[key] = (text, array("i", ids))
+        self._entries[key] = (text, ids)
         self.tokens += len(ids)
         while self.tokens > self.max_tokens:
             _, (_, gone) = self._entries.popitem(last=False)

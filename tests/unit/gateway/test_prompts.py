@@ -68,7 +68,7 @@ def test_prefix_token_cache_equals_tokenizing_the_whole_prompt() -> None:
                 tok.apply_chat_template(messages, add_generation_prompt=True),
                 add_special_tokens=False,
             )
-            assert cache.tokenize(tok, messages) == direct
+            assert cache.tokenize(tok, messages).tolist() == direct
             messages.append({"role": "assistant", "content": " ".join(rng.choices(words, k=9))})
     assert cache.hits >= 6 * 3  # turn N reused turn N-1's ids
 
@@ -82,7 +82,7 @@ def test_a_shared_system_prompt_is_tokenized_once_for_every_conversation() -> No
         direct = tok.encode(
             tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False
         )
-        assert cache.tokenize(tok, messages) == direct
+        assert cache.tokenize(tok, messages).tolist() == direct
     assert (cache.misses, cache.hits) == (1, 4)
 
 
@@ -118,7 +118,7 @@ def test_prefix_cache_holds_at_most_its_token_bound_and_hits_equal_full_tokeniza
         direct = tok.encode(
             tok.apply_chat_template(conv, add_generation_prompt=True), add_special_tokens=False
         )
-        assert cache.tokenize(tok, conv) == direct
+        assert cache.tokenize(tok, conv).tolist() == direct
         held = sum(len(ids) for _, ids in cache._entries.values())
         assert held == cache.tokens <= bound
         conv.append({"role": "assistant", "content": text[::-1]})

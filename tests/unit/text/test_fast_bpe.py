@@ -4,6 +4,7 @@ on any text, and a refusal (and Hugging Face) for a tokenizer it would not repro
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
@@ -260,3 +261,34 @@ def test_split_on_a_string_is_refused() -> None:
         ]
     )
     assert Tokenizer(backend, {}).fast is None
+
+
+def test_the_single_space_pattern_is_used_and_exact(smol: Tokenizer) -> None:
+    assert smol.fast is not None and smol.fast.single_space_encoding is not None
+    corpus = [t for t in random_texts(3000, seed=3) if not re.search(r"\s\s", t)]
+    assert len(corpus) > 300
+    for text in corpus:
+        assert smol.fast.single_space_encoding.encode_ordinary(
+            text
+        ) == smol.fast.encoding.encode_ordinary(text)
+        assert smol.encode(text) == hf_ids(smol, text)
+
+
+def test_whitespace_as_the_single_space_check_reads_it_is_tiktokens() -> None:
+    """The check looks for ASCII whitespace pairs and for the other White_Space characters'
+    UTF-8: together exactly the characters ``\\s`` matches in tiktoken's regex."""
+    only_space = tiktoken.Encoding(
+        "s", pat_str=r"\s", mergeable_ranks={bytes([b]): b for b in range(256)}, special_tokens={}
+    )
+    matched = {
+        c
+        for c in map(chr, range(0x110000))
+        if not 0xD800 <= ord(c) < 0xE000 and only_space.encode_ordinary(c)
+    }
+    ascii_ws = {chr(b) for b in fast_bpe._ASCII_WHITESPACE}
+    others = {
+        c
+        for c in map(chr, range(0x80, 0x110000))
+        if not 0xD800 <= ord(c) < 0xE000 and fast_bpe._OTHER_WHITESPACE_UTF8.fullmatch(c.encode())
+    }
+    assert matched == ascii_ws | others
