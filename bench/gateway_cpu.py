@@ -214,7 +214,7 @@ def cpu_s(pid: int) -> float:
 def wait_up(url: str) -> None:
     import urllib.request
 
-    for _ in range(300):
+    for _ in range(1200):  # a loaded machine: a token-mode gateway takes a while to load
         try:
             urllib.request.urlopen(url, timeout=1).read()
             return

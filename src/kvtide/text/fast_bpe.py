@@ -24,6 +24,11 @@ else raises ``NotExactError`` naming what differs (the caller keeps Hugging Face
   matched as the backend does (leftmost-longest, those not ``normalized`` first); a
   post-processor that only adds fixed special ids around the text (TemplateProcessing,
   ByteLevel).
+
+A text with no two whitespace characters in a row (most prose and chat prompts) goes through a
+second ``tiktoken`` encoding whose pattern lacks the whitespace lookaheads: there every
+whitespace run is one character, which the lookaheads split exactly as plain ``\\s+`` does, and
+fancy-regex runs a lookahead-free pattern ~3x faster. Tests: ``tests/unit/text/test_fast_bpe.py``.
 """
 
 from __future__ import annotations
