@@ -58,6 +58,7 @@ from kvtide.cli.processes import (
     ChildProcess,
     ProcessGroup,
     free_port,
+    proc_cpu_s,
     start_gateway,
 )
 
@@ -447,13 +448,17 @@ def measure(
     files: tuple[Path, Path],
     bodies: Sequence[bytes],
     run: int,
+    backends_pid: int,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"closed": {}}
     before = requests_answered(backends)
     for c in args.concurrency:
-        cpu0 = front.cpu_s()
+        cpu0, bcpu0 = front.cpu_s(), proc_cpu_s(backends_pid)
         r = run_wrk(front.url, files[0], files[1], c, args.duration, args.threads)
-        r["cpu_us_per_request"] = (front.cpu_s() - cpu0) / max(1, r["requests"]) * 1e6
+        n = max(1, r["requests"])
+        r["cpu_us_per_request"] = (front.cpu_s() - cpu0) / n * 1e6
+        # the stand-in's own share of the client core (vllm-router's /tokenize calls weigh here)
+        r["backend_cpu_us_per_request"] = (proc_cpu_s(backends_pid) - bcpu0) / n * 1e6
         out["closed"][str(c)] = r
     served = [b - a for a, b in zip(before, requests_answered(backends), strict=True)]
     out["served_per_backend"] = served
@@ -483,14 +488,25 @@ def summarize(runs: Sequence[dict[str, Any]], concurrency: Sequence[int]) -> dic
     for c in map(str, concurrency):
         rows = [r["closed"][c] for r in runs]
         closed[c] = {
-            k: _median([x[k] for x in rows])
-            for k in ("rps", "p50_us", "p99_us", "cpu_us_per_request", "errors", "non2xx")
+            k: _median([x.get(k) for x in rows])
+            for k in (
+                "rps",
+                "p50_us",
+                "p99_us",
+                "cpu_us_per_request",
+                "backend_cpu_us_per_request",
+                "errors",
+                "non2xx",
+            )
         }
     served = runs[-1]["served_per_backend"]
     mean = sum(served) / len(served) if served else 0
+    best = max(closed, key=lambda c: closed[c]["rps"] or 0.0)
     out: dict[str, Any] = {
         "closed": closed,
-        "max_rps": max(v["rps"] or 0.0 for v in closed.values()),
+        "max_rps": closed[best]["rps"] or 0.0,
+        "cpu_us_per_request_at_max": closed[best]["cpu_us_per_request"],
+        "backend_cpu_us_per_request_at_max": closed[best]["backend_cpu_us_per_request"],
         "spread_max_over_mean": max(served) / mean if mean else None,
     }
     if "open" in runs[0]:
@@ -500,6 +516,15 @@ def summarize(runs: Sequence[dict[str, Any]], concurrency: Sequence[int]) -> dic
     return out
 
 
+LEGEND = """
+req/s: wrk's, closed loop. p50/p99: wrk's, at the highest concurrency. CPU: the gateway
+process's (all threads) per request, at the concurrency of its best req/s; stand-in: the
+backends' CPU per request there (they share core 1 with wrk). spread: max/mean of
+requests per backend in the last run (1.00 = even). added: the open-loop sender's p50/p99
+through the gateway minus straight to the backends. kvtide/it: kvtide cost (text)'s best req/s
+over this gateway's."""
+
+
 def print_table(med: dict[str, dict[str, Any]], concurrency: Sequence[int], rate: float) -> None:
     ours = med.get(KVTIDE_TEXT, {}).get("max_rps")
     direct = med.get(DIRECT, {}).get("open")
@@ -507,15 +532,17 @@ def print_table(med: dict[str, dict[str, Any]], concurrency: Sequence[int], rate
     last = concurrency[-1]
     print(
         f"\n{'gateway':<28}{cols}{'p50/p99 ms c=' + str(last):>18}{'CPU us/req':>11}"
-        f"{'spread':>7}{f'added p50/p99 ms @{rate:g}/s':>26}{'kvtide/it':>10}"
+        f"{'stand-in':>9}{'spread':>7}{f'added p50/p99 ms @{rate:g}/s':>26}{'kvtide/it':>10}"
     )
     for name, m in med.items():
         closed = m["closed"]
         rps = "".join(f"{closed[str(c)]['rps'] or 0:>12.0f}" for c in concurrency)
         lc = closed[str(last)]
         lat = f"{(lc['p50_us'] or 0) / 1e3:.2f}/{(lc['p99_us'] or 0) / 1e3:.2f}"
-        cpu = max(v["cpu_us_per_request"] or 0.0 for v in closed.values())
+        cpu = m["cpu_us_per_request_at_max"] or 0.0
         cpu_s = "-" if name == DIRECT else f"{cpu:.0f}"
+        b = m.get("backend_cpu_us_per_request_at_max")
+        stand_in = "-" if b is None else f"{b:.0f}"
         spread = "-" if m["spread_max_over_mean"] is None else f"{m['spread_max_over_mean']:.2f}"
         added = "-"
         o = m.get("open")
@@ -526,13 +553,8 @@ def print_table(med: dict[str, dict[str, Any]], concurrency: Sequence[int], rate
         elif o and name == DIRECT and o["p50_ms"] is not None:
             added = f"(direct {o['p50_ms']:.2f}/{o['p99_ms']:.2f})"
         ratio = f"x{ours / m['max_rps']:.2f}" if ours and m["max_rps"] else "-"
-        print(f"{name:<28}{rps}{lat:>18}{cpu_s:>11}{spread:>7}{added:>26}{ratio:>10}")
-    print(
-        "\nreq/s: wrk's, closed loop; CPU: the gateway process's, per request, the highest over "
-        "the concurrencies; spread: max/mean of requests per backend (1.00 = even); added: the "
-        "open-loop sender's p50/p99 through the gateway minus straight to the backends; "
-        "kvtide/it: kvtide cost (text)'s best req/s over this gateway's."
-    )
+        print(f"{name:<28}{rps}{lat:>18}{cpu_s:>11}{stand_in:>9}{spread:>7}{added:>26}{ratio:>10}")
+    print(LEGEND)
 
 
 def loadavg() -> str:
@@ -556,8 +578,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-pin", action="store_true", help="no core pinning")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, dest="json_path")
+    p.add_argument("--table", type=Path, help="print the table of a saved --json run and exit")
     p.add_argument("--serve-backends", nargs="+", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.table is not None:
+        saved = json.loads(args.table.read_text())
+        print(f"rev {saved['rev']}, load average {saved['loadavg']}, pinning: {saved['pinning']}")
+        config = saved["config"]
+        med = {n: summarize(v, config["concurrency"]) for n, v in saved["runs"].items() if v}
+        print(f"medians of {config['runs']} runs")
+        print_table(med, config["concurrency"], config["rate"])
+        return 0
     if args.serve_backends:
         serve_backends(args.serve_backends)
         return 0
@@ -596,14 +627,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.sched_setaffinity(0, client_cpus)
         backends = [StandIn(free_port()) for _ in range(args.backends)]
         cmd = [sys.executable, __file__, "--serve-backends", *(str(b.port) for b in backends)]
-        group.add(ChildProcess(cmd, "stand-in backends")).wait_banner("serving", 30)
+        stand_in = group.add(ChildProcess(cmd, "stand-in backends"))
+        stand_in.wait_banner("serving", 30)
         for run in range(args.runs):
             print(f"run {run + 1} (load average {loadavg()})", flush=True)
             for name in names:
                 front = start(name, group, backends, python, gateway_cpus)
                 try:
                     run_wrk(front.url, *files, args.concurrency[-1], 1, args.threads)  # warm-up
-                    r = measure(front, backends, args, files, bodies, run)
+                    r = measure(front, backends, args, files, bodies, run, stand_in.pid)
                 finally:
                     if front.child is not None:
                         front.child.stop()
