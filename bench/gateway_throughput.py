@@ -3,6 +3,7 @@ one run: kvtide (`cost` text mode, `cost` token mode, `round_robin`) beside sgla
 and vllm-router, and ``direct`` (the client straight at one backend) as the floor.
 
     nice python bench/gateway_throughput.py [--runs 3] [--duration 5] [--json out.json]
+    python bench/gateway_throughput.py --table out.json     # a saved run's table again
 
 The backends are a **zero-work stand-in**, not engines: one process (one asyncio loop on
 httptools) listening on ``--backends`` ports, answering ``/v1/chat/completions`` and
@@ -17,9 +18,10 @@ Closed loop: ``wrk`` (Debian package ``wrk``) with a Lua script POSTing non-stre
 bodies in turn: ``--conversations`` conversations of 1–4 turns over ``--system-prompts`` shared
 system prompts of ``--system-chars`` characters, at each ``--concurrency`` for ``--duration``
 seconds: req/s, wrk's latency p50/p99, and the gateway PID's CPU (/proc, user+system, all its
-threads) per request. Open loop: ``--rate`` req/s (Poisson) for ``--rate-duration`` s from a
-small raw-asyncio sender through each gateway and straight to the backends (round robin):
-added p50/p99 = gateway minus direct.
+threads) per request, beside the stand-in's (it shares the client's core). Open loop:
+``--rate`` req/s (Poisson) for ``--rate-duration`` s from a small raw-asyncio sender through
+each gateway and straight to the backends (round robin): added p50/p99 = gateway minus
+direct.
 
 Pinning (default; ``--no-pin`` to leave it to the scheduler): every gateway runs on core 0
 (``sched_setaffinity`` inherited at spawn: all its threads, so the multi-threaded Rust peers
