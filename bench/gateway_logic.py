@@ -52,9 +52,10 @@ def step(gw: Gateway, raw: bytes, i: int) -> None:
     body = orjson.loads(raw)
     prompt = gw.prompts.chat(body, gw.seed("m", ""))
     route = RouteRequest(prompt.hashes, prompt.prompt_tokens, 16, f"r{i}", output_tokens=16)
-    decision = gw.router.route(route, [c.state for c in gw.replicas.candidates("m")])
-    gw._on_dispatch(route, decision)
-    gw.router.prefill_done(route, decision, None)
+    chosen = gw.choose(route, "m")  # candidates, router, metrics, shadow index
+    assert chosen is not None
+    _, decision = chosen
+    gw.router.prefill_done(route, decision, decision.cached_tokens)  # as the engine reports it
     gw.router.complete(route, decision, 0)
     orjson.dumps(body)
 

@@ -83,6 +83,8 @@ class BlockHashes(Sequence[BlockHash]):
     def __getitem__(self, i: slice) -> BlockHashes: ...
 
     def __getitem__(self, i: int | slice) -> BlockHash | BlockHashes:
+        if type(i) is int and 0 <= i < len(self.raw) >> 3:  # the common case, inline
+            return BlockHash(int.from_bytes(self.raw[i << 3 : (i << 3) + 8], "little"))
         if isinstance(i, slice):
             start, stop, step = i.indices(len(self))
             if step != 1:

@@ -85,9 +85,13 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
         raise ApiError(BAD_REQUEST, "'messages' must be a non-empty list", "messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+        # orjson gives dicts: dict first in the tuple spares the ABC's check
+        if not isinstance(m, (dict, Mapping)) or not isinstance(role := m.get("role"), str):
             raise ApiError(BAD_REQUEST, f"messages[{i}] needs a string 'role'", "messages")
-        out.append({"role": m["role"], "content": _text_of_content(m.get("content"), "messages")})
+        content = m.get("content")
+        if not isinstance(content, str):
+            content = _text_of_content(content, "messages")
+        out.append({"role": role, "content": content})
     return out
 
 

@@ -33,6 +33,8 @@ class ReplicaConsistency:
     has_open_gap: bool = False
     is_low_precision: bool = False
     window: deque[tuple[int, int]] = field(default_factory=deque)
+    window_predicted_tokens: int = 0  # sums over ``window``, kept as it slides
+    window_overlap_tokens: int = 0
 
     @property
     def precision(self) -> float:
@@ -165,11 +167,15 @@ class IndexHealth:
         c.num_reports += 1
         w = c.window
         w.append((predicted_tokens, overlap))
+        c.window_predicted_tokens += predicted_tokens
+        c.window_overlap_tokens += overlap
         if len(w) > self.window:
-            w.popleft()
-        predicted = sum(p for p, _ in w)
+            old_predicted, old_overlap = w.popleft()
+            c.window_predicted_tokens -= old_predicted
+            c.window_overlap_tokens -= old_overlap
+        predicted = c.window_predicted_tokens
         if predicted >= self.min_window_tokens:
-            c.is_low_precision = sum(o for _, o in w) / predicted < self.min_precision
+            c.is_low_precision = c.window_overlap_tokens / predicted < self.min_precision
         else:
             c.is_low_precision = False
         self._update(replica, c)
