@@ -74,3 +74,39 @@ def _full_blocks(request: Request) -> Iterable[Hashable]:
     if request.block_ids is not None:
         return request.block_ids[:num_full]
     return ()
+
+
+def peak_reused_tokens(requests: Iterable[Request]) -> int:
+    """The most prompt tokens that are, at one moment, cached and still to be reused: the
+    KV capacity a fleet needs to serve every prefix hit an unbounded cache would.
+
+    A full block (keyed by its whole prefix, as in ``stats``) is live from the request that
+    first computes it until the last request that reuses it; a block used once is never
+    live. The peak, over the requests in arrival order, of the live blocks' tokens is what a
+    cache with perfect (next-use) eviction must hold; an LRU cache, or a fleet that splits
+    a prefix over replicas, needs more. Sizing a benchmark's KV as a fraction of this puts
+    its capacity under pressure by construction, whatever the workload's lengths.
+    """
+    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    first: list[int] = []  # per key: index of the request that first held it
+    last: list[int] = []  # ... and of the last one that used it
+    tokens: list[int] = []
+    n = 0
+    for n, request in enumerate(requests):
+        parent = -1
+        for block in _full_blocks(request):
+            key = chain_to_key.get((parent, block))
+            if key is None:
+                key = chain_to_key[(parent, block)] = len(first)
+                first.append(n)
+                last.append(n)
+                tokens.append(request.block_tokens)
+            else:
+                last[key] = n
+            parent = key
+    delta = np.zeros(n + 2, dtype=np.int64)
+    for f, x, t in zip(first, last, tokens, strict=True):
+        if x > f:
+            delta[f] += t
+            delta[x] -= t
+    return int(np.cumsum(delta).max()) if first else 0
