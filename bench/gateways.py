@@ -62,12 +62,14 @@ from kvtide.loadgen.prompts import PromptBuilder
 from kvtide.routing.ttft import default_ttft_model
 from kvtide.text import smollm2
 from kvtide.workloads import open_workload
-from kvtide.workloads.stats import peak_reused_tokens, stats
+from kvtide.workloads.stats import lru_reuse_tokens, peak_reused_tokens, stats
 
 MODEL = "emu"
 IDLE_S = 3.0
 KVTIDE = "kvtide cost"
 KVTIDE_TEXT = "kvtide cost (text mode)"
+# `cost` with its eviction term (routing/cost.py), token mode: run only when named in --only
+KVTIDE_EVICT = "kvtide cost:evict_weight=1"
 # name -> (module, policy, log level): started by module (sglang-router and smg both install an
 # `smg` script), --host 127.0.0.1, distinct --prometheus-ports (PEERS.md)
 PEERS: dict[str, tuple[str, str, str]] = {
@@ -122,9 +124,10 @@ class Front:
 def start_front(
     name: str, group: ProcessGroup, engines: Sequence[Engine], peers_python: Path
 ) -> Front:
-    if name in (KVTIDE, KVTIDE_TEXT):
-        extra = ["--tokenizer", "smollm2"] if name == KVTIDE else []
-        gw = start_gateway(group, engines, "cost", extra)
+    if name in (KVTIDE, KVTIDE_TEXT, KVTIDE_EVICT):
+        extra = [] if name == KVTIDE_TEXT else ["--tokenizer", "smollm2"]
+        policy = name.removeprefix("kvtide ") if name == KVTIDE_EVICT else "cost"
+        gw = start_gateway(group, engines, policy, extra)
         wait_routable(gw.url, gw.process)  # the tokenizer loads on first use: not measured
         return Front(name, gw.url, gw.process)
     module, policy, level = PEERS[name]
@@ -237,15 +240,22 @@ class Plan:
 def size_engines(requests: Sequence[Any], wall_s: float, args: argparse.Namespace) -> dict:
     """KV per engine from the workload's working set, engine speed from its offered load.
 
-    KV: the fleet holds ``--kv-fraction`` of the tokens the workload keeps live for reuse at
-    its peak (``peak_reused_tokens``: what a perfect cache needs for every hit an unbounded
-    one gets), split over the engines, never less than the longest request (it must fit).
+    KV: the fleet holds ``--kv-fraction`` of the KV the workload needs, split over the
+    engines, never less than the longest request (it must fit). Needs: the larger of the
+    tokens it keeps live for reuse at its peak (``peak_reused_tokens``: what perfect eviction
+    needs for every hit an unbounded cache gets) and the LRU cache that serves 90% of its
+    reused blocks (``lru_reuse_tokens``: what the engines' LRU needs; for the Mooncake trace,
+    whose conversations return minutes later, ~5x the former; for the chat sessions ~0.9x).
     Speed: the engines' ``--speedup`` makes the prompt tokens offered per second, prefilled
     with no hit, ``--load`` of the fleet's prefill capacity (the engines' timing model), as
-    ``kvtide simulate --load`` does by scaling arrivals instead.
+    ``kvtide simulate --load`` does by scaling arrivals instead (at the mean prompt's rate:
+    the simulator sums each prompt's prefill time, a few % more for long prompts; for the
+    same pace there, ``--time-scale`` = the arrivals' time scale x this speedup).
     """
     peak = peak_reused_tokens(requests)
-    per_engine = int(args.kv_fraction * peak / args.engines) // BLOCK_TOKENS * BLOCK_TOKENS
+    lru = lru_reuse_tokens(requests, 0.9)
+    need = max(peak, lru)
+    per_engine = int(args.kv_fraction * need / args.engines) // BLOCK_TOKENS * BLOCK_TOKENS
     # the engines count the rendered text's tokens, a few % off the workload's: 10% margin
     longest = int(1.1 * max(r.prompt_tokens + r.output_tokens for r in requests)) + 64
     per_engine = max(per_engine, -(-longest // BLOCK_TOKENS) * BLOCK_TOKENS)
@@ -259,8 +269,9 @@ def size_engines(requests: Sequence[Any], wall_s: float, args: argparse.Namespac
         "prompt_tokens": prompt,
         "infinite_cache_hit_ratio": stats(requests)["infinite_cache_hit_ratio"],
         "peak_reused_tokens": peak,
+        "lru_reuse_tokens": lru,
         "kv_tokens_per_engine": per_engine,
-        "fleet_kv_over_peak": per_engine * args.engines / max(1, peak),
+        "fleet_kv_over_need": per_engine * args.engines / max(1, need),
         "speedup": speedup,
     }
 
@@ -553,8 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows = results["workloads"][wname] = {}
                 results.setdefault("sizing", {})[wname] = wp.sizing
                 print(f"  {wname} sizing {json.dumps(wp.sizing)}", flush=True)
-                for k, name in enumerate([*fronts[:1], KVTIDE_TEXT, *fronts[1:]]):
-                    if args.only and name not in args.only.split(","):
+                for k, name in enumerate([*fronts[:1], KVTIDE_TEXT, KVTIDE_EVICT, *fronts[1:]]):
+                    chosen = args.only.split(",") if args.only else []
+                    if (chosen or name == KVTIDE_EVICT) and name not in chosen:
                         continue
                     # fresh engines for each gateway: the built-in workload is token ids, so
                     # the same text every run, and a warm cache would favour later gateways

@@ -110,3 +110,56 @@ def peak_reused_tokens(requests: Iterable[Request]) -> int:
             delta[f] += t
             delta[x] -= t
     return int(np.cumsum(delta).max()) if first else 0
+
+
+def lru_reuse_tokens(requests: Iterable[Request], share: float = 0.9) -> int:
+    """The smallest LRU cache, in tokens, that serves ``share`` of the workload's reused
+    blocks: the ``share`` quantile of their LRU stack distances (Mattson et al., 1970: the
+    distinct blocks referenced since the block's previous use, counted here in a Fenwick tree
+    over reference times). Blocks are prefix-keyed as in ``stats``.
+
+    It complements ``peak_reused_tokens``: that is what perfect eviction needs, this what the
+    engines' LRU needs, which is far more when reuse gaps are long against the rate of new
+    tokens (a trace's conversations coming back minutes later).
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    refs: list[int] = []
+    block_tokens = 0
+    for request in requests:
+        block_tokens = request.block_tokens
+        parent = -1
+        for block in _full_blocks(request):
+            key = chain_to_key.setdefault((parent, block), len(chain_to_key))
+            refs.append(key)
+            parent = key
+    n = len(refs)
+    tree = [0] * (n + 1)  # Fenwick tree: 1 at each block's latest reference time
+
+    def add(i: int, value: int) -> None:
+        i += 1
+        while i <= n:
+            tree[i] += value
+            i += i & -i
+
+    def prefix(i: int) -> int:  # sum over times [0, i]
+        total = 0
+        i += 1
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+    last: dict[int, int] = {}
+    distances: list[int] = []
+    for t, key in enumerate(refs):
+        before = last.get(key)
+        if before is not None:
+            distances.append(prefix(t - 1) - prefix(before) + 1)  # + itself: blocks held
+            add(before, -1)
+        add(t, 1)
+        last[key] = t
+    if not distances:
+        return 0
+    return int(np.quantile(np.asarray(distances), share, method="inverted_cdf")) * block_tokens
