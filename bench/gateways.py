@@ -288,13 +288,15 @@ def _engine_args(sizing: dict[str, Any], args: argparse.Namespace) -> list[str]:
 
 
 def workload_plans(args: argparse.Namespace) -> dict[str, Plan]:
-    plans = {}
+    plans: dict[str, Plan] = {}
+    which = set(args.workloads.split(","))
     spec = CHAT.format(s=args.sessions, d=args.duration, p=args.system_prompts, t=args.think_s)
     chat = open_workload(spec, seed=args.seed)
     plan = schedule(chat, LoadConfig(url="http://x", duration_s=args.duration))
     sizing = size_engines([r for _, r in plan], plan[-1][0], args)
-    plans["chat"] = Plan(chat, plan, sizing, _engine_args(sizing, args))
-    if args.trace is not None and args.trace.exists():
+    if "chat" in which:
+        plans["chat"] = Plan(chat, plan, sizing, _engine_args(sizing, args))
+    if "mooncake" in which and args.trace is not None and args.trace.exists():
         traced = [r.arrival_s for r in open_workload(str(args.trace), limit=args.trace_requests)]
         span = traced[-1] - traced[0]
         scale = args.trace_duration / span if args.trace_duration else args.trace_time_scale
@@ -538,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hot-prefix-words", type=int, default=800)
     p.add_argument("--hot-output-tokens", type=int, default=24)
     p.add_argument("--phases", default="workloads,overhead,hot")
+    p.add_argument("--workloads", default="chat,mooncake", help="of the workloads phase")
     p.add_argument("--only", help="comma-separated gateway names to run (default all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, dest="json_path")
