@@ -8,12 +8,19 @@ Phases, each through every gateway in turn (kvtide `cost` in token mode with the
 events; the peers as PEERS.md starts them, from a separate venv; a peer not installed there is
 skipped):
 
-1. workloads: a built-in multi-turn chat workload and the Mooncake conversation trace (its
-   first ``--trace-requests`` requests, arrivals ``--trace-time-scale`` times slower, outputs
-   capped at ``--max-output-tokens``, prompts over ``--trace-max-prompt-tokens`` left out),
-   sent by kvtide's load generator: cached-token ratio (the engines' ``usage``), TTFT p50/p99,
-   and the gateway's CPU (/proc of its PID) per request, and while idle.
-   Each gateway gets freshly restarted engines (cold caches) and the same requests.
+1. workloads, each sized so that the fleet's KV is the scarce resource: a built-in multi-turn
+   chat workload (``--sessions`` sessions of up to 6 turns over ``--system-prompts`` shared
+   system prompts of ~1,200 tokens, ``--think-s`` s of think time, ``--duration`` s) and the
+   Mooncake conversation trace (its first ``--trace-requests`` requests sent over
+   ``--trace-duration`` s, outputs capped at ``--max-output-tokens``, prompts that do not fit
+   ``--max-model-len`` left out), sent by kvtide's load generator: cached-token ratio (the
+   engines' ``usage``), TTFT p50/p99, and the gateway's CPU (/proc of its PID) per request,
+   and while idle. The engines are sized from each workload (``size_engines``): the fleet's
+   KV is ``--kv-fraction`` of the KV the workload needs (the larger of its peak reused tokens
+   and the LRU cache that serves 90% of its reuse, ``kvtide.workloads.stats``), and their
+   ``--speedup`` makes its prefill with no hit ``--load`` of the fleet's capacity; printed as
+   "sizing". Each gateway gets freshly restarted engines (cold caches) and the same
+   requests; ``--workloads`` picks chat, mooncake or both.
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
