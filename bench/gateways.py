@@ -512,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--peers-venv", type=Path, default=Path("/work/peers-venv"))
     p.add_argument("--trace", type=Path, help="mooncake_conversation.jsonl (skipped without)")
-    p.add_argument("--trace-requests", type=int, default=1000, help="the trace's first N")
+    p.add_argument("--trace-requests", type=int, default=500, help="the trace's first N")
     p.add_argument(
         "--trace-duration",
         type=float,
