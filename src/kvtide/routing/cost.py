@@ -29,7 +29,7 @@ hits the rest of the fleet then pays for in queueing. The replica holding the pr
 only its new part, an empty one all of it, so the term weighs each placement by what it
 evicts. ``evict_weight`` = w; the default 0 is the myopic cost. w = 1 (an evicted token is
 recomputed once) in ``kvtide simulate`` on chat sessions whose fleet KV is half what they need
-(docs/gateways.md, run 4): hits 58.1% -> 60.0%, TTFT p99 2.92 -> 1.80 s; on the default
+(docs/gateways.md, run 4): hits 58.8% -> 59.7%, TTFT p99 2.73 -> 2.40 s; on the default
 ``kvtide simulate`` 79.1% -> 79.0%, p99 115 -> 122 ms. Not the default yet: it charges every
 replica as if full, so a replica restarted empty pays for evictions it will not make and
 gets requests only at a higher load on the holders (tests/unit/routing/test_cost_load.py);
