@@ -8,12 +8,19 @@ Phases, each through every gateway in turn (kvtide `cost` in token mode with the
 events; the peers as PEERS.md starts them, from a separate venv; a peer not installed there is
 skipped):
 
-1. workloads: a built-in multi-turn chat workload and the Mooncake conversation trace (its
-   first ``--trace-requests`` requests, arrivals ``--trace-time-scale`` times slower, outputs
-   capped at ``--max-output-tokens``, prompts over ``--trace-max-prompt-tokens`` left out),
-   sent by kvtide's load generator: cached-token ratio (the engines' ``usage``), TTFT p50/p99,
-   and the gateway's CPU (/proc of its PID) per request, and while idle.
-   Each gateway gets freshly restarted engines (cold caches) and the same requests.
+1. workloads, each sized so that the fleet's KV is the scarce resource: a built-in multi-turn
+   chat workload (``--sessions`` sessions of up to 6 turns over ``--system-prompts`` shared
+   system prompts of ~1,200 tokens, ``--think-s`` s of think time, ``--duration`` s) and the
+   Mooncake conversation trace (its first ``--trace-requests`` requests sent over
+   ``--trace-duration`` s, outputs capped at ``--max-output-tokens``, prompts that do not fit
+   ``--max-model-len`` left out), sent by kvtide's load generator: cached-token ratio (the
+   engines' ``usage``), TTFT p50/p99, and the gateway's CPU (/proc of its PID) per request,
+   and while idle. The engines are sized from each workload (``size_engines``): the fleet's
+   KV is ``--kv-fraction`` of the KV the workload needs (the larger of its peak reused tokens
+   and the LRU cache that serves 90% of its reuse, ``kvtide.workloads.stats``), and their
+   ``--speedup`` makes its prefill with no hit ``--load`` of the fleet's capacity; printed as
+   "sizing". Each gateway gets freshly restarted engines (cold caches) and the same
+   requests; ``--workloads`` picks chat, mooncake or both.
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
@@ -59,13 +66,17 @@ from kvtide.cli.processes import (
 )
 from kvtide.loadgen import LoadConfig, run_load, schedule, stream
 from kvtide.loadgen.prompts import PromptBuilder
+from kvtide.routing.ttft import default_ttft_model
 from kvtide.text import smollm2
 from kvtide.workloads import open_workload
+from kvtide.workloads.stats import lru_reuse_tokens, peak_reused_tokens, stats
 
 MODEL = "emu"
 IDLE_S = 3.0
 KVTIDE = "kvtide cost"
 KVTIDE_TEXT = "kvtide cost (text mode)"
+# `cost` with its eviction term (routing/cost.py), token mode: run only when named in --only
+KVTIDE_EVICT = "kvtide cost:evict_weight=1"
 # name -> (module, policy, log level): started by module (sglang-router and smg both install an
 # `smg` script), --host 127.0.0.1, distinct --prometheus-ports (PEERS.md)
 PEERS: dict[str, tuple[str, str, str]] = {
@@ -75,9 +86,16 @@ PEERS: dict[str, tuple[str, str, str]] = {
     "vllm-router round_robin": ("vllm_router.launch_router", "round_robin", "warning"),
 }
 CHAT = (
+    "builtin:chat:sessions={s},turns=6,duration_s={d},system_prompts={p},system_tokens=1200,"
+    "user_tokens=200,output_tokens=32,think_s={t},max_prompt_tokens=8000"
+)
+# the hot and overhead phases' bodies: the earlier, small chat workload (their question is
+# load and overhead, not capacity)
+SMALL_CHAT = (
     "builtin:chat:sessions=48,turns=4,duration_s={d},system_prompts=4,system_tokens=800,"
     "user_tokens=150,output_tokens=16,think_s={t},max_prompt_tokens=6000"
 )
+BLOCK_TOKENS = 16  # the engines' KV block
 
 
 def git_rev() -> str:
@@ -113,9 +131,10 @@ class Front:
 def start_front(
     name: str, group: ProcessGroup, engines: Sequence[Engine], peers_python: Path
 ) -> Front:
-    if name in (KVTIDE, KVTIDE_TEXT):
-        extra = ["--tokenizer", "smollm2"] if name == KVTIDE else []
-        gw = start_gateway(group, engines, "cost", extra)
+    if name in (KVTIDE, KVTIDE_TEXT, KVTIDE_EVICT):
+        extra = [] if name == KVTIDE_TEXT else ["--tokenizer", "smollm2"]
+        policy = name.removeprefix("kvtide ") if name == KVTIDE_EVICT else "cost"
+        gw = start_gateway(group, engines, policy, extra)
         wait_routable(gw.url, gw.process)  # the tokenizer loads on first use: not measured
         return Front(name, gw.url, gw.process)
     module, policy, level = PEERS[name]
@@ -206,6 +225,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "requests": len(rows),
         "errors": len(rows) - len(ok),
         "error_kinds": kinds,
+        "prompt_tokens": prompt,
         "cached_token_ratio": sum(r["cached_tokens"] for r in used) / prompt if prompt else None,
         "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
     }
@@ -214,22 +234,89 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # --- phase 1: the workloads ----------------------------------------------------------------
 
 
-def workload_plans(args: argparse.Namespace) -> dict[str, tuple[Any, list[Any]]]:
-    plans = {}
-    chat = open_workload(CHAT.format(d=args.duration, t=args.duration / 8), seed=args.seed)
-    cfg = LoadConfig(url="http://x", duration_s=args.duration)
-    plans["chat"] = (chat, schedule(chat, cfg))
-    if args.trace is not None and args.trace.exists():
-        trace = open_workload(
-            str(args.trace), limit=args.trace_requests, time_scale=args.trace_time_scale
-        )
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One workload as sent, and the engines sized for it."""
+
+    workload: Any
+    plan: list[Any]
+    sizing: dict[str, Any]
+    engine_args: list[str]
+
+
+def size_engines(requests: Sequence[Any], wall_s: float, args: argparse.Namespace) -> dict:
+    """KV per engine from the workload's working set, engine speed from its offered load.
+
+    KV: the fleet holds ``--kv-fraction`` of the KV the workload needs, split over the
+    engines, never less than the longest request (it must fit). Needs: the larger of the
+    tokens it keeps live for reuse at its peak (``peak_reused_tokens``: what perfect eviction
+    needs for every hit an unbounded cache gets) and the LRU cache that serves 90% of its
+    reused blocks (``lru_reuse_tokens``: what the engines' LRU needs; for the Mooncake trace,
+    whose conversations return minutes later, ~5x the former; for the chat sessions ~0.9x).
+    Speed: the engines' ``--speedup`` makes the prompt tokens offered per second, prefilled
+    with no hit, ``--load`` of the fleet's prefill capacity (the engines' timing model), as
+    ``kvtide simulate --load`` does by scaling arrivals instead (at the mean prompt's rate:
+    the simulator sums each prompt's prefill time, a few % more for long prompts; for the
+    same pace there, ``--time-scale`` = the arrivals' time scale x this speedup).
+    """
+    peak = peak_reused_tokens(requests)
+    lru = lru_reuse_tokens(requests, 0.9)
+    need = max(peak, lru)
+    per_engine = int(args.kv_fraction * need / args.engines) // BLOCK_TOKENS * BLOCK_TOKENS
+    # the engines count the rendered text's tokens, a few % off the workload's: 10% margin
+    longest = int(1.1 * max(r.prompt_tokens + r.output_tokens for r in requests)) + 64
+    per_engine = max(per_engine, -(-longest // BLOCK_TOKENS) * BLOCK_TOKENS)
+    prompt = sum(r.prompt_tokens for r in requests)
+    mean = prompt / max(1, len(requests))
+    capacity = args.engines * default_ttft_model().prefill_tokens_per_s(max(1, int(mean)))
+    speedup = prompt / max(wall_s, 1e-9) / (args.load * capacity)
+    return {
+        "requests": len(requests),
+        "wall_s": wall_s,
+        "prompt_tokens": prompt,
+        "infinite_cache_hit_ratio": stats(requests)["infinite_cache_hit_ratio"],
+        "peak_reused_tokens": peak,
+        "lru_reuse_tokens": lru,
+        "kv_tokens_per_engine": per_engine,
+        "fleet_kv_over_need": per_engine * args.engines / max(1, need),
+        "speedup": speedup,
+    }
+
+
+def _engine_args(sizing: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    return [
+        "--max-model-len",
+        str(min(args.max_model_len, sizing["kv_tokens_per_engine"])),
+        "--speedup",
+        f"{sizing['speedup']:.4g}",
+        "--kv-cache-tokens",
+        str(sizing["kv_tokens_per_engine"]),
+    ]
+
+
+def workload_plans(args: argparse.Namespace) -> dict[str, Plan]:
+    plans: dict[str, Plan] = {}
+    which = set(args.workloads.split(","))
+    spec = CHAT.format(s=args.sessions, d=args.duration, p=args.system_prompts, t=args.think_s)
+    chat = open_workload(spec, seed=args.seed)
+    plan = schedule(chat, LoadConfig(url="http://x", duration_s=args.duration))
+    sizing = size_engines([r for _, r in plan], plan[-1][0], args)
+    if "chat" in which:
+        plans["chat"] = Plan(chat, plan, sizing, _engine_args(sizing, args))
+    if "mooncake" in which and args.trace is not None and args.trace.exists():
+        traced = [r.arrival_s for r in open_workload(str(args.trace), limit=args.trace_requests)]
+        span = traced[-1] - traced[0]
+        scale = args.trace_duration / span if args.trace_duration else args.trace_time_scale
+        trace = open_workload(str(args.trace), limit=args.trace_requests, time_scale=scale)
         # requests longer than the engines' context would be 400s for every gateway alike
         plan = [
             (at, dataclasses.replace(r, output_tokens=min(r.output_tokens, args.max_output_tokens)))
             for at, r in schedule(trace, LoadConfig(url="http://x"))
-            if r.prompt_tokens + args.max_output_tokens <= args.trace_max_prompt_tokens
+            if r.prompt_tokens + args.max_output_tokens <= args.max_model_len
         ]
-        plans["mooncake"] = (trace, plan)
+        sizing = size_engines([r for _, r in plan], plan[-1][0], args)
+        sizing["time_scale"] = scale
+        plans["mooncake"] = Plan(trace, plan, sizing, _engine_args(sizing, args))
     return plans
 
 
@@ -297,7 +384,7 @@ async def _tick(fn: Callable[[], Any]) -> None:
 
 def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     """``n`` chat requests from the built-in chat workload (shared system prompts, histories)."""
-    workload = open_workload(CHAT.format(d=60, t=5), limit=n, seed=seed)
+    workload = open_workload(SMALL_CHAT.format(d=60, t=5), limit=n, seed=seed)
     builder = PromptBuilder(smollm2(), seed)
     out = []
     for request in workload:
@@ -425,16 +512,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--peers-venv", type=Path, default=Path("/work/peers-venv"))
     p.add_argument("--trace", type=Path, help="mooncake_conversation.jsonl (skipped without)")
-    p.add_argument("--trace-requests", type=int, default=100)
+    p.add_argument("--trace-requests", type=int, default=500, help="the trace's first N")
+    p.add_argument(
+        "--trace-duration",
+        type=float,
+        default=150.0,
+        help="seconds to send them over (sets the time scale; 0: --trace-time-scale)",
+    )
     p.add_argument("--trace-time-scale", type=float, default=1.0, help="<1: faster than traced")
-    p.add_argument("--max-output-tokens", type=int, default=16)
-    p.add_argument("--duration", type=float, default=20.0, help="chat workload seconds")
+    p.add_argument("--max-output-tokens", type=int, default=16, help="trace outputs capped")
+    p.add_argument("--duration", type=float, default=120.0, help="chat workload seconds")
+    p.add_argument("--sessions", type=int, default=240, help="chat sessions")
+    p.add_argument("--system-prompts", type=int, default=16, help="chat system prompts")
+    p.add_argument("--think-s", type=float, default=15.0, help="chat mean think time")
     p.add_argument("--engines", type=int, default=4)
-    p.add_argument("--speedup", type=float, default=2.0)
-    p.add_argument("--kv-cache-tokens", type=int, default=16_384, help="chat: per engine")
-    p.add_argument("--trace-kv-cache-tokens", type=int, default=131_072, help="trace: per engine")
-    p.add_argument("--trace-speedup", type=float, default=8.0)
-    p.add_argument("--trace-max-prompt-tokens", type=int, default=16_384)
+    p.add_argument(
+        "--kv-fraction",
+        type=float,
+        default=0.5,
+        help="the fleet's KV over the workload's peak reused tokens (both workloads)",
+    )
+    p.add_argument(
+        "--load",
+        type=float,
+        default=0.8,
+        help="offered prefill with no hits over the fleet's prefill capacity (sets --speedup)",
+    )
+    p.add_argument("--max-model-len", type=int, default=32_768, help="engines' context")
     p.add_argument("--overhead-rate", type=float, default=200.0)
     p.add_argument("--overhead-duration", type=float, default=5.0)
     p.add_argument("--hot-rate", type=float, default=40.0)
@@ -443,6 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hot-prefix-words", type=int, default=800)
     p.add_argument("--hot-output-tokens", type=int, default=24)
     p.add_argument("--phases", default="workloads,overhead,hot")
+    p.add_argument("--workloads", default="chat,mooncake", help="of the workloads phase")
     p.add_argument("--only", help="comma-separated gateway names to run (default all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, dest="json_path")
@@ -459,37 +564,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         fronts = [f for f in fronts if f in args.only.split(",")]
     print(f"bench/gateways.py rev {git_rev()} config {json.dumps(vars(args), default=str)}")
     results: dict[str, Any] = {"config": vars(args), "rev": git_rev(), "gateways": fronts}
-    base = ["--max-model-len", "32768"]
-    engine_args = [
-        *base,
-        "--speedup",
-        str(args.speedup),
-        "--kv-cache-tokens",
-        str(args.kv_cache_tokens),
-    ]
-    trace_args = [
-        *base,
-        "--speedup",
-        str(args.trace_speedup),
-        "--kv-cache-tokens",
-        str(args.trace_kv_cache_tokens),
-    ]
+    base = ["--max-model-len", str(args.max_model_len)]
     with ProcessGroup() as group:
-        engines = [
-            start_engine(group, MODEL, engine_args, f"engine {i}") for i in range(args.engines)
-        ]
+        engines = [start_engine(group, MODEL, base, f"engine {i}") for i in range(args.engines)]
         wait_all_ready(engines)
         if "workloads" in phases:
             results["workloads"] = {}
-            for wname, (workload, plan) in workload_plans(args).items():
+            for wname, wp in workload_plans(args).items():
                 rows = results["workloads"][wname] = {}
-                for k, name in enumerate([*fronts[:1], KVTIDE_TEXT, *fronts[1:]]):
+                results.setdefault("sizing", {})[wname] = wp.sizing
+                print(f"  {wname} sizing {json.dumps(wp.sizing)}", flush=True)
+                for k, name in enumerate([*fronts[:1], KVTIDE_TEXT, KVTIDE_EVICT, *fronts[1:]]):
+                    chosen = args.only.split(",") if args.only else []
+                    if (chosen or name == KVTIDE_EVICT) and name not in chosen:
+                        continue
                     # fresh engines for each gateway: the built-in workload is token ids, so
                     # the same text every run, and a warm cache would favour later gateways
-                    restart_engines(engines, trace_args if wname == "mooncake" else engine_args)
+                    restart_engines(engines, wp.engine_args)
                     front = start_front(name, group, engines, python)
                     try:
-                        rows[name] = run_workload(front, workload, plan, args.seed + 1 + k)
+                        rows[name] = run_workload(front, wp.workload, wp.plan, args.seed + 1 + k)
                     finally:
                         stop_front(front, group)
                     print(f"  {wname:<9} {name:<28} {json.dumps(rows[name])}", flush=True)

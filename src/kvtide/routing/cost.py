@@ -5,8 +5,11 @@ TTFT(replica) = queue wait (its queued prefill tokens at the prefill rate)
               + the prompt's own prefill s given what that replica holds: device-tier blocks
                 are free, host/disk blocks are reloaded or recomputed, whichever is sooner
                 (overlapped layer by layer, as the cost model's ``onboard_time``).
-cost(replica) = TTFT + n x s, with n the requests in flight there (``num_requests``: this
-                router's and, in a gateway, those the engine reports beyond them).
+cost(replica) = TTFT + n x s + w x e / R, with n the requests in flight there
+                (``num_requests``: this router's and, in a gateway, those the engine reports
+                beyond them), e the tokens the prompt must write into that replica's device
+                cache (the prompt less its device-tier hit), R the prefill rate in tokens/s
+                and w = ``evict_weight`` (default 0: off).
 Why n x s: continuous batching shares each iteration among the running sequences (processor
 sharing), so s seconds of prefill delay each of the n requests already there by up to s (a
 waiting request's first token, a decoding one's next tokens). It is the M/M/1 marginal cost
@@ -15,6 +18,23 @@ load instead of estimated. Without it the estimate only counts prefill not yet d
 random arrival mostly finds empty at low load: a replica holding one block every prompt
 shares (a chat template's default system prompt) then wins every request by that block's
 prefill, and the others, or an engine restarted with an empty cache, get none.
+Why w x e / R (cache pressure): a warm prefix cache is full (vLLM and SGLang keep a freed
+block cached until its space is needed: their free pool is the LRU cache), so every token a
+prefill writes takes the place of a cached one, and the expected price of that eviction is the
+recompute it causes later: e evicted tokens x the probability they would have been hit again
+(w) x 1 / R seconds each. TTFT + n x s alone is myopic about it: it sends a half-cached prompt
+from a replica running one request to an idle one, where it recomputes what is cached
+elsewhere, duplicates it and pushes out other sessions' histories; under pressure that loses
+hits the rest of the fleet then pays for in queueing. The replica holding the prompt writes
+only its new part, an empty one all of it, so the term weighs each placement by what it
+evicts. ``evict_weight`` = w; the default 0 is the myopic cost. w = 1 (an evicted token is
+recomputed once) in ``kvtide simulate`` on chat sessions whose fleet KV is half what they need
+(docs/gateways.md, run 4): hits 58.8% -> 59.7%, TTFT p99 2.73 -> 2.40 s; on the default
+``kvtide simulate`` 79.1% -> 79.0%, p99 115 -> 122 ms. Not the default yet: it charges every
+replica as if full, so a replica restarted empty pays for evictions it will not make and
+gets requests only at a higher load on the holders (tests/unit/routing/test_cost_load.py);
+e should be the new tokens beyond the replica's free KV, which needs per-replica occupancy
+from the index (held blocks against capacity), not kept there today.
 Guard rails, so that router replicas without a coordinator agree and no replica melts:
 - a hard bounded-load cap on work in seconds (``load="work"``, the default): with q_r the
   seconds of prefill queued at replica r (the queue term of the estimate) and s the request's
@@ -108,8 +128,12 @@ class CostAware(BasePolicy):
         load: str = "work",
         provisional: bool = True,
         provisional_hold_s: float | None = None,
+        evict_weight: float = 0.0,
     ) -> None:
         super().__init__(ctx)
+        if not evict_weight >= 0:
+            raise ConfigError(f"cost evict_weight must be >= 0, got {evict_weight!r}")
+        self.evict_weight = float(evict_weight)
         if load not in ("work", "requests"):
             raise ConfigError(f"cost load must be 'work' or 'requests', got {load!r}")
         self.load = load
@@ -218,6 +242,8 @@ class CostAware(BasePolicy):
         bt = request.block_tokens
         p = request.prompt_tokens
         inv_rate = 1.0 / self.prefill_tokens_per_s
+        # seconds of later recompute per token written (evicting a cached one): see above
+        evict_s = self.evict_weight * inv_rate
         model = self.model
         best: list[ReplicaState] = []
         best_s = math.inf
@@ -232,7 +258,11 @@ class CostAware(BasePolicy):
                 service_s = memo1.get(d)
                 if service_s is None:
                     service_s = memo1[d] = service_time(model, p, bt, (d, 0, 0))
-                cost_s = r.queued_prefill_tokens * inv_rate + (1 + r.num_requests) * service_s
+                cost_s = (
+                    r.queued_prefill_tokens * inv_rate
+                    + (1 + r.num_requests) * service_s
+                    + max(p - d * bt, 0) * evict_s
+                )
                 # equal costs (a memory-bound prefill): the one holding more wins
                 if cost_s < best_s or (cost_s == best_s and d > best_d):
                     best_s, best, best_d = cost_s, [r], d
@@ -249,14 +279,22 @@ class CostAware(BasePolicy):
                 service_s = memo.get(blocks)
                 if service_s is None:
                     service_s = memo[blocks] = service_time(model, p, bt, blocks)
-                cost_s = r.queued_prefill_tokens * inv_rate + (1 + r.num_requests) * service_s
+                cost_s = (
+                    r.queued_prefill_tokens * inv_rate
+                    + (1 + r.num_requests) * service_s
+                    + max(p - d * bt, 0) * evict_s
+                )
                 if cost_s < best_s or (cost_s == best_s and blocks > best_blocks):
                     best_s, best, best_blocks = cost_s, [r], blocks
                 elif cost_s == best_s and blocks == best_blocks:
                     best.append(r)
         chosen = best[0] if len(best) == 1 else tie_break(key, best)
         cached = sum(best_blocks)
-        ttft_s = best_s - chosen.num_requests * service_time(model, p, bt, best_blocks)
+        ttft_s = (
+            best_s
+            - chosen.num_requests * service_time(model, p, bt, best_blocks)
+            - max(p - best_blocks[0] * bt, 0) * evict_s
+        )
         return RouteDecision(
             chosen.replica_id,
             self.name,

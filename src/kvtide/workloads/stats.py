@@ -74,3 +74,92 @@ def _full_blocks(request: Request) -> Iterable[Hashable]:
     if request.block_ids is not None:
         return request.block_ids[:num_full]
     return ()
+
+
+def peak_reused_tokens(requests: Iterable[Request]) -> int:
+    """The most prompt tokens that are, at one moment, cached and still to be reused: the
+    KV capacity a fleet needs to serve every prefix hit an unbounded cache would.
+
+    A full block (keyed by its whole prefix, as in ``stats``) is live from the request that
+    first computes it until the last request that reuses it; a block used once is never
+    live. The peak, over the requests in arrival order, of the live blocks' tokens is what a
+    cache with perfect (next-use) eviction must hold; an LRU cache, or a fleet that splits
+    a prefix over replicas, needs more. Sizing a benchmark's KV as a fraction of this puts
+    its capacity under pressure by construction, whatever the workload's lengths.
+    """
+    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    first: list[int] = []  # per key: index of the request that first held it
+    last: list[int] = []  # ... and of the last one that used it
+    tokens: list[int] = []
+    n = 0
+    for n, request in enumerate(requests):
+        parent = -1
+        for block in _full_blocks(request):
+            key = chain_to_key.get((parent, block))
+            if key is None:
+                key = chain_to_key[(parent, block)] = len(first)
+                first.append(n)
+                last.append(n)
+                tokens.append(request.block_tokens)
+            else:
+                last[key] = n
+            parent = key
+    delta = np.zeros(n + 2, dtype=np.int64)
+    for f, x, t in zip(first, last, tokens, strict=True):
+        if x > f:
+            delta[f] += t
+            delta[x] -= t
+    return int(np.cumsum(delta).max()) if first else 0
+
+
+def lru_reuse_tokens(requests: Iterable[Request], share: float = 0.9) -> int:
+    """The smallest LRU cache, in tokens, that serves ``share`` of the workload's reused
+    blocks: the ``share`` quantile of their LRU stack distances (Mattson et al., 1970: the
+    distinct blocks referenced since the block's previous use, counted here in a Fenwick tree
+    over reference times). Blocks are prefix-keyed as in ``stats``.
+
+    It complements ``peak_reused_tokens``: that is what perfect eviction needs, this what the
+    engines' LRU needs, which is far more when reuse gaps are long against the rate of new
+    tokens (a trace's conversations coming back minutes later).
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    refs: list[int] = []
+    block_tokens = 0
+    for request in requests:
+        block_tokens = request.block_tokens
+        parent = -1
+        for block in _full_blocks(request):
+            key = chain_to_key.setdefault((parent, block), len(chain_to_key))
+            refs.append(key)
+            parent = key
+    n = len(refs)
+    tree = [0] * (n + 1)  # Fenwick tree: 1 at each block's latest reference time
+
+    def add(i: int, value: int) -> None:
+        i += 1
+        while i <= n:
+            tree[i] += value
+            i += i & -i
+
+    def prefix(i: int) -> int:  # sum over times [0, i]
+        total = 0
+        i += 1
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+    last: dict[int, int] = {}
+    distances: list[int] = []
+    for t, key in enumerate(refs):
+        before = last.get(key)
+        if before is not None:
+            distances.append(prefix(t - 1) - prefix(before) + 1)  # + itself: blocks held
+            add(before, -1)
+        add(t, 1)
+        last[key] = t
+    if not distances:
+        return 0
+    return int(np.quantile(np.asarray(distances), share, method="inverted_cdf")) * block_tokens

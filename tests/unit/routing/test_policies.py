@@ -145,6 +145,25 @@ def test_cost_weighs_cached_tokens_against_queues_in_seconds() -> None:
     assert d.replica != R[1] and d.ttft_s == pytest.approx(1.024)
 
 
+def test_cost_evict_weight_keeps_a_half_cached_prompt_off_an_idle_replica() -> None:
+    idx = GlobalPrefixIndex()
+    ids = list(range(64))  # 1024 tokens, the first 640 held by r1, which runs 2 requests
+    idx.add(R[1], prompt(ids[:40]))
+    model = LinearTtftModel(tokens_per_s=1000.0, overhead_s=0.0)
+    reps = _fleet()
+    reps[1].num_requests = 2
+    # myopic: 3 x 0.384 s on r1 (its prefill delays the two running) > 1.024 s on an idle one
+    myopic = make_policy("cost", _ctx(idx, ttft_model=model)).choose(_req(ids), reps)
+    assert myopic.replica != R[1]
+    # each token written evicts one a later request recomputes: r1 writes 384, the others 1024
+    policy = make_policy("cost", _ctx(idx, ttft_model=model), {"evict_weight": 1.0})
+    d = policy.choose(_req(ids), reps)
+    assert d.replica == R[1]
+    assert d.ttft_s == pytest.approx(0.384) and d.score == pytest.approx(3 * 0.384 + 0.384)
+    with pytest.raises(ConfigError, match="evict_weight"):
+        make_policy("cost", _ctx(idx), {"evict_weight": -1.0})
+
+
 def test_cost_counts_onboarding_from_lower_tiers() -> None:
     idx = GlobalPrefixIndex()
     ids = list(range(64))

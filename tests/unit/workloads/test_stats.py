@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from kvtide.types import Request, TenantId
-from kvtide.workloads.stats import stats
+from kvtide.workloads.stats import lru_reuse_tokens, peak_reused_tokens, stats
 
 
 def test_block_id_requests_hit_the_longest_prefix_seen_in_full_blocks() -> None:
@@ -50,3 +50,30 @@ def test_an_empty_workload_has_zero_everything() -> None:
 
     assert summary["requests"] == 0
     assert summary["infinite_cache_hit_ratio"] == 0.0
+
+
+def test_peak_reused_tokens_counts_blocks_from_first_use_to_last_reuse() -> None:
+    requests = [
+        Request("a", 0.0, 32, 1, 16, block_ids=(1, 2)),  # (1) and (1,2) live on: reused below
+        Request("b", 1.0, 32, 1, 16, block_ids=(3, 4)),  # never reused: never live
+        Request("c", 2.0, 48, 1, 16, block_ids=(1, 2, 5)),  # last use of (1), (1,2)
+        Request("d", 3.0, 16, 1, 16, block_ids=(6,)),
+    ]
+    assert peak_reused_tokens(requests) == 32
+    assert peak_reused_tokens(requests[:2]) == 0
+
+
+def test_lru_reuse_tokens_is_the_quantile_of_stack_distances() -> None:
+    # a, b, a: a's reuse needs room for a and b (distance 2 blocks); c, c: distance 1
+    requests = [
+        Request("a", 0.0, 16, 1, 16, block_ids=(1,)),
+        Request("b", 1.0, 16, 1, 16, block_ids=(2,)),
+        Request("a2", 2.0, 16, 1, 16, block_ids=(1,)),
+        Request("c", 3.0, 16, 1, 16, block_ids=(3,)),
+        Request("c2", 4.0, 16, 1, 16, block_ids=(3,)),
+    ]
+    assert lru_reuse_tokens(requests, 1.0) == 32
+    assert lru_reuse_tokens(requests, 0.5) == 16
+    assert lru_reuse_tokens(requests[:2]) == 0
+    with pytest.raises(ValueError):
+        lru_reuse_tokens(requests, 0.0)
