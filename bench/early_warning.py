@@ -209,6 +209,7 @@ def main() -> int:
         default=1.2,
         help="the reference run's pool, x the steady one (confirms or refutes steady alarms)",
     )
+    parser.add_argument("--seed", type=int, default=0, help="the built-in workloads' seed")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--dump", type=Path, help="pickle each workload's telemetry to DIR/N.pkl")
     args = parser.parse_args()
@@ -233,6 +234,7 @@ def main() -> int:
             load=args.load or None,
             gpu_cache_tokens=args.gpu_cache_tokens,
             router=args.router,
+            seed=args.seed,
         )
         if args.prefill_only:
             scenario = scenario.with_(engine=EngineConfig(prefill_only=True))

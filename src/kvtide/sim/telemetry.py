@@ -69,6 +69,10 @@ class TelemetryResult:
     replication: list[float] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     """The detector's inputs at every tick: replay them through another ``DetectorConfig``."""
+    residence_fast: list[float] = field(default_factory=list)
+    """Prompt tokens that arrive while a cached block stays (the detector's residence signal;
+    its baseline: ``residence_slow``); NaN where nothing was evicted (unbounded)."""
+    residence_slow: list[float] = field(default_factory=list)
 
     def first_alert_s(self, name: str) -> float | None:
         return next((a.time_s for a in self.alerts if a.name == name), None)
@@ -214,6 +218,8 @@ class FleetTelemetry:
             histograms=histograms,
             replication=self._replication[1:],
             samples=list(self._samples),
+            residence_fast=[_finite(g.residence_fast) for g in per_tick],
+            residence_slow=[_finite(g.residence_slow) for g in per_tick],
         )
 
     def _rolling_ttft_p99(self, times: Sequence[float]) -> list[float]:
@@ -228,3 +234,7 @@ class FleetTelemetry:
             window = ttft[lo:hi]
             out.append(float(np.percentile(window, 99)) if window.size >= 20 else math.nan)
         return out
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else math.nan

@@ -44,6 +44,13 @@ def render_telemetry(results: Sequence[RunResult]) -> str:
             y_label="regret ratio, fast window (baseline dashed)",
             y_percent=True,
         ),
+        "<h3>Residence: prompt tokens that arrive while a cached block stays (its drop is "
+        "the early warning's second signal)</h3>",
+        line_chart(
+            lines("residence_fast", "residence_slow"),
+            x_label="simulated time (s)",
+            y_label="prompt tokens, fast window (baseline dashed)",
+        ),
         f"<h3>Missed tokens by cause ({escape(first_router)})</h3>",
         line_chart(
             [Line(cause, xs, v) for cause, v in first.miss_tokens_per_s.items()],

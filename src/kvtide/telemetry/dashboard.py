@@ -120,6 +120,17 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     (
+        "Early warning: residence (prompt tokens that arrive while a cached block stays)",
+        "short",
+        [
+            (
+                "last 5m",
+                f"sum({_q(m.CACHED_BLOCKS, DEVICE)}) / (sum(rate({_q(m.EVICTED_BLOCKS, DEVICE)}"
+                f"[5m])) / sum(rate({_q(m.PROMPT_TOKENS)}[5m])))",
+            )
+        ],
+    ),
+    (
         "Alerts",
         "short",
         [

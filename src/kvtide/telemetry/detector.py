@@ -12,7 +12,11 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
   misses, so a few points of hit ratio move it by only a few percent); arrivals stayed within
   ``steady_tolerance`` of their baseline; and the pool was already evicting when the baseline
   began (a fleet still filling cannot trip it). Cold misses do not move the regret ratio, so a
-  workload of mostly first uses (compulsory misses) does not trip it either.
+  workload of mostly first uses (compulsory misses) does not trip it either. It also enters
+  on the pool's *residence* (below): the prompt tokens that arrive while a block stays cached
+  fell by ``residence_drop`` of the baseline's, while some evicted blocks are wanted again
+  (a regret ratio above zero), arrivals were steady, the pool was already evicting before the
+  baseline began (``is_full``) and the private blocks did not grow (that is fragmentation).
 * **cold_start**: the pool has not been evicting for a whole baseline yet and most missed
   tokens are first uses (``max_cold_share``): misses a bigger pool would not fix; reported so
   that an operator does not mistake a warming fleet for a small one.
@@ -23,7 +27,8 @@ before it) over cumulative counters, exactly as the Prometheus rules of ``rules.
   reserved prompt room grows the private blocks as a consequence).
 
 pool_undersized has hysteresis: once firing it holds while the regret ratio stays
-``clear_regret_rise`` over its baseline (and the pool warm), so one episode is one alert.
+``clear_regret_rise`` over its baseline or the residence stays ``clear_residence_drop`` under
+its baseline's (and the pool warm), so one episode is one alert.
 
 Why the regret ratio is over the prefill work, and ``min_regret_rise`` = 3 % of it: a regretted
 token is recomputed, so the rise is the fraction by which the prefill work grew; with a high hit
@@ -33,6 +38,25 @@ a utilisation of 0.7, 3 % more work lengthens the wait by 10 %, half of a 20 % d
 which leaves the margin to act. The windows follow the workload's time scales: the fast one
 holds enough requests for a stable ratio, the baseline several reuse-gap medians (about 2 minutes on
 production conversation traces).
+
+Why the residence: the regret ratio counts the reuses a pool has already lost, a few requests
+in a window, so on a slowly shrinking pool it rises late, and a rise against a trailing
+baseline lags it further. What decides which reuses the pool loses next is how long it keeps
+a block. By Little's law, the blocks cached over the blocks evicted per unit of time is the
+mean time a block stays; measured per prompt token instead of per second (the blocks cached
+over the blocks evicted per prompt token) it is the traffic that passes while a block stays,
+which is what an LRU pool's hits depend on: a reuse after more traffic than that misses. Per
+token it does not move when the same workload just arrives faster (twice the traffic evicts
+twice the blocks per second, as many per token); it falls when the pool loses room (a smaller
+pool, blocks taken by generation) or the working set grows per token of traffic. It averages
+over every block evicted in the window (thousands), not over the few requests hurt, so it is
+steady when the workload is: over ten steady simulated hours (Mooncake, four built-ins, two
+more seeds of three of them; docs/telemetry.md) its 5-minute value stayed within 19 % of its
+baseline's once the pool was full, while a pool losing 5 % every 90 s took it to 0.55-0.75 of
+its baseline within minutes. ``residence_drop`` = 0.2 sits between. It needs some
+evicted blocks wanted again (a pool whose reuses are all seconds apart can lose room without
+harm) and a pool full for the whole baseline: right after a pool first evicts, the baseline's
+evictions are diluted by minutes without any, and its residence is inflated.
 """
 
 from __future__ import annotations
@@ -78,6 +102,11 @@ class DetectorConfig:
     clear_regret_rise: float = 0.015
     """Hysteresis: once firing, pool_undersized holds while the regret ratio stays this far
     above its baseline (and warm), though it fell below ``min_regret_rise``."""
+    residence_drop: float = 0.2
+    """pool_undersized also enters when the residence time fell by this share of its
+    baseline's (with the regret ratio rising, arrivals steady, the pool full)."""
+    clear_residence_drop: float = 0.1
+    """Hysteresis of the residence signal: half of ``residence_drop``."""
     max_cold_share: float = 0.5
     private_factor: float = 1.25
     min_private_share: float = 0.1
@@ -87,6 +116,8 @@ class DetectorConfig:
             raise ValueError("windows must satisfy 0 < interval <= fast < slow")
         if not 0 <= self.clear_regret_rise <= self.min_regret_rise:
             raise ValueError("clear_regret_rise must be in [0, min_regret_rise]")
+        if not 0 <= self.clear_residence_drop <= self.residence_drop < 1:
+            raise ValueError("residence drops must satisfy 0 <= clear <= drop < 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +181,25 @@ class Signals:
     private_fast: float
     private_slow: float
     capacity_blocks: float
+    residence_fast: float = math.nan
+    """Prompt tokens that arrive while a cached block stays in the pool over the fast window
+    (Little's law: mean cached blocks over evicted blocks per prompt token); +inf when
+    nothing was evicted."""
+    residence_slow: float = math.nan
+    is_full: bool = False
+    """The pool evicted in the fast window just before the baseline began: the baseline's
+    residence time is that of a full pool."""
 
     @classmethod
     def empty(cls, time_s: float = 0.0) -> Signals:
         """No evaluation at ``time_s``: every value NaN."""
         nan = math.nan
         return cls(time_s, nan, nan, nan, nan, nan, nan, nan, nan, nan, False, nan, nan, nan)
+
+    @property
+    def residence_ratio(self) -> float:
+        """Residence time over its baseline's (below 1: blocks leave sooner)."""
+        return _ratio(self.residence_fast, self.residence_slow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +216,19 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else math.nan
 
 
+def _div(num: float, den: float) -> float:
+    """``num / den`` as PromQL divides (IEEE 754): x/0 is +-inf, 0/0 and NaN are NaN."""
+    if den == 0:
+        return math.nan if num == 0 or math.isnan(num) else math.copysign(math.inf, num)
+    return num / den
+
+
 def _within(fast: float, slow: float, tolerance: float) -> bool:
     return abs(_ratio(fast, slow) - 1) <= tolerance
+
+
+def _tokens(n: float) -> str:
+    return f"{n:,.0f}" if math.isfinite(n) else "n/a"
 
 
 def _pct(share: float, digits: int = 1) -> str:
@@ -262,23 +317,33 @@ class EarlyWarning:
         regret = inc("miss_evicted_tokens", now, f)
         cold = cold_fast
         warm = inc("evicted_blocks", now - s, f)
+        full = inc("evicted_blocks", now - s - f, f)
+        evict_fast = inc("evicted_blocks", now, f) / f
+        evict_slow = inc("evicted_blocks", base_end, s) / s
+        prompt_fast = inc("prompt_tokens", now, f, True) / f
+        prompt_slow = inc("prompt_tokens", base_end, s) / s
         return Signals(
             time_s=now,
             regret_fast=_ratio(regret, prompt),
             regret_slow=_ratio(
                 inc("miss_evicted_tokens", base_end, s), inc("work_tokens", base_end, s)
             ),
-            evict_fast=inc("evicted_blocks", now, f) / f,
-            evict_slow=inc("evicted_blocks", base_end, s) / s,
+            evict_fast=evict_fast,
+            evict_slow=evict_slow,
             arrivals_fast=inc("lookups", now, f, True) / f,
             arrivals_slow=inc("lookups", base_end, s) / s,
-            prompt_fast=inc("prompt_tokens", now, f, True) / f,
-            prompt_slow=inc("prompt_tokens", base_end, s) / s,
+            prompt_fast=prompt_fast,
+            prompt_slow=prompt_slow,
             cold_share=_ratio(cold, cold + regret_part),
             is_warm=warm > 0,
             private_fast=self._mean("private_blocks", now, f),
             private_slow=self._mean("private_blocks", base_end, s),
             capacity_blocks=self._samples[-1].capacity_blocks,
+            residence_fast=_div(self._mean("cached_blocks", now, f), _div(evict_fast, prompt_fast)),
+            residence_slow=_div(
+                self._mean("cached_blocks", base_end, s), _div(evict_slow, prompt_slow)
+            ),
+            is_full=full > 0,
         )
 
     # --- the rules ------------------------------------------------------------------------
@@ -307,12 +372,36 @@ class EarlyWarning:
             and rise >= c.min_regret_rise
             and g.regret_fast >= c.regret_factor * g.regret_slow
         )
-        holds = "pool_undersized" in firing and g.is_warm and rise >= c.clear_regret_rise
-        if enters or holds:
+        private_share = _ratio(g.private_fast, g.capacity_blocks)
+        grown = (
+            g.is_warm
+            and steady
+            and evict_rising
+            and g.private_fast >= c.private_factor * g.private_slow
+            and private_share >= c.min_private_share
+        )
+        # Blocks leave sooner when private blocks take the pool's room too: that is
+        # fragmentation's diagnosis (below), not a short pool's.
+        shorter = (
+            g.is_full
+            and steady
+            and g.regret_fast > 0
+            and g.residence_fast <= (1 - c.residence_drop) * g.residence_slow
+            and not grown
+        )
+        still = rise >= c.clear_regret_rise or (
+            g.regret_fast > 0
+            and g.residence_fast <= (1 - c.clear_residence_drop) * g.residence_slow
+        )
+        holds = "pool_undersized" in firing and g.is_warm and still
+        if enters or shorter or holds:
             out["pool_undersized"] = (
                 f"pool undersized: evicted-then-wanted tokens are {_pct(g.regret_fast)} of the "
                 f"prefill work over the last {c.fast_s:.0f}s, up from {_pct(g.regret_slow)} over "
-                f"the {c.slow_s:.0f}s before (+{_pct(rise)}); eviction velocity "
+                f"the {c.slow_s:.0f}s before (+{_pct(rise)}); a cached block stays while "
+                f"{_tokens(g.residence_fast)} prompt tokens arrive, "
+                f"{_pct(1 - g.residence_ratio, 0)} fewer than over the baseline "
+                f"({_tokens(g.residence_slow)}); eviction velocity "
                 f"{g.evict_fast:,.1f} blocks/s, baseline {g.evict_slow:,.1f}; {arrivals}; "
                 f"{_pct(g.cold_share, 0)} of missed tokens are first uses"
             )
@@ -322,14 +411,6 @@ class EarlyWarning:
                 f"{c.fast_s:.0f}s are first uses, which a larger pool would not serve; "
                 f"evicted-then-wanted tokens are {_pct(g.regret_fast)} of the prefill work"
             )
-        private_share = _ratio(g.private_fast, g.capacity_blocks)
-        grown = (
-            g.is_warm
-            and steady
-            and evict_rising
-            and g.private_fast >= c.private_factor * g.private_slow
-            and private_share >= c.min_private_share
-        )
         # A pool already flagged undersized queues requests, whose reserved prompt room then
         # grows the private blocks too: that is its consequence, not a second diagnosis. So
         # fragmentation does not start while pool_undersized fires (once firing, it holds).
@@ -397,6 +478,8 @@ def _values(g: Signals) -> dict[str, float]:
         "cold_share": g.cold_share,
         "private_fast": g.private_fast,
         "private_slow": g.private_slow,
+        "residence_fast": g.residence_fast,
+        "residence_slow": g.residence_slow,
     }
 
 

@@ -42,7 +42,8 @@ SUMMARIES = {
     "pool_undersized": (
         "KV pool undersized on {{ $labels.%s }}: evicted-then-wanted tokens rose by "
         "{{ $value | humanizePercentage }} of the prefill work over the %s baseline while "
-        "eviction velocity rose and arrivals and prompt tokens stayed steady"
+        "eviction velocity rose or blocks stayed cached for fewer prompt tokens, and arrivals "
+        "and prompt tokens stayed steady"
     ),
     "cold_start": (
         "Cold start on {{ $labels.%s }}: {{ $value | humanizePercentage }} of missed tokens "
@@ -119,6 +120,9 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
         "kvtide:cache_evictions_per_s:fast": f"{q.inc(evicted, True)} / {c.fast_s:g}",
         "kvtide:cache_evictions_per_s:slow": f"{q.inc(evicted, False)} / {c.slow_s:g}",
         "kvtide:cache_evictions:warm": q.agg(f"increase({evicted}[{f}] offset {s})"),
+        "kvtide:cache_evictions:full": q.agg(
+            f"increase({evicted}[{f}] offset {_dur(c.slow_s + c.fast_s)})"
+        ),
         "kvtide:cache_lookups_per_s:fast": f"{q.inc(lookups, True)} / {c.fast_s:g}",
         "kvtide:cache_lookups_per_s:slow": f"{q.inc(lookups, False)} / {c.slow_s:g}",
         "kvtide:cache_prompt_tokens_per_s:fast": f"{q.inc(prompt, True)} / {c.fast_s:g}",
@@ -130,6 +134,17 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
             f"{q.agg(USED_BLOCKS.name)} - {q.agg(CACHED_BLOCKS.name + DEVICE)}"
         ),
         "kvtide:cache_capacity_blocks": q.agg(CAPACITY_BLOCKS.name + DEVICE),
+        "kvtide:cache_cached_blocks": q.agg(CACHED_BLOCKS.name + DEVICE),
+        # Little's law, in traffic: the prompt tokens that arrive while a block stays cached,
+        # blocks cached over blocks evicted per prompt token.
+        "kvtide:cache_residence_prompt_tokens:fast": (
+            f"avg_over_time(kvtide:cache_cached_blocks[{f}]) / (kvtide:cache_evictions_per_s:fast"
+            " / kvtide:cache_prompt_tokens_per_s:fast)"
+        ),
+        "kvtide:cache_residence_prompt_tokens:slow": (
+            f"avg_over_time(kvtide:cache_cached_blocks[{s}] offset {f})"
+            " / (kvtide:cache_evictions_per_s:slow / kvtide:cache_prompt_tokens_per_s:slow)"
+        ),
     }
     steady = (
         "abs(kvtide:cache_lookups_per_s:fast / kvtide:cache_lookups_per_s:slow - 1)"
@@ -146,6 +161,13 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
     on = f"on ({', '.join(by)}) "
     firing = f'ALERTS{{alertname="{ALERT_NAMES["pool_undersized"]}", alertstate="firing"}}'
     rise = "kvtide:cache_regret_ratio:fast - kvtide:cache_regret_ratio:slow"
+
+    def shorter(drop: float) -> str:
+        return (
+            "kvtide:cache_residence_prompt_tokens:fast <= "
+            f"{1 - drop:g} * kvtide:cache_residence_prompt_tokens:slow"
+        )
+
     private_fast = f"avg_over_time(kvtide:cache_private_blocks[{f}])"
     private_slow = f"avg_over_time(kvtide:cache_private_blocks[{s}] offset {f})"
     fragmented = f'ALERTS{{alertname="{ALERT_NAMES["fragmentation"]}", alertstate="firing"}}'
@@ -161,7 +183,16 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
             "kvtide:cache_regret_ratio:slow\n"
             f"  and {rising}\n  and {steady.replace(chr(10), chr(10) + '  ')}\n"
             "  and kvtide:cache_evictions:warm > 0\n)\nor (\n"
+            f"  {rise}\n  and kvtide:cache_regret_ratio:fast > 0\n"
+            f"  and {shorter(c.residence_drop)}\n"
+            f"  and {steady.replace(chr(10), chr(10) + '  ')}\n"
+            "  and kvtide:cache_evictions:full > 0\n"
+            f"  unless (\n    {grown.replace(chr(10), chr(10) + '    ')}\n  )\n)\nor (\n"
             f"  {rise} >= {c.clear_regret_rise:g}\n"
+            "  and kvtide:cache_evictions:warm > 0\n"
+            f"  and {on}{firing}\n)\nor (\n"
+            f"  {rise}\n  and kvtide:cache_regret_ratio:fast > 0\n"
+            f"  and {shorter(c.clear_residence_drop)}\n"
             "  and kvtide:cache_evictions:warm > 0\n"
             f"  and {on}{firing}\n)"
         ),
@@ -257,6 +288,22 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         evicted = 30.0 if late else 20.0
         return (10.0, 10_000.0, 50.0, 100.0, evicted, 950.0, 500.0 if late else 800.0)
 
+    def shorter_stay(i: int) -> tuple[float, float, float, float, float, float, float]:
+        # Blocks leave twice as fast from a pool caching as many (its residence time halves)
+        # and a few more evicted blocks are wanted again (2% -> 2.4% of the prefill work,
+        # under the regret threshold): the residence signal alone.
+        late = i >= warm_at
+        regret = 120.0 if late else 100.0
+        evicted = 40.0 if late else 20.0
+        return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
+
+    def shorter_stay_harmless(i: int) -> tuple[float, float, float, float, float, float, float]:
+        # The same shorter stay in a pool none of whose evicted blocks is wanted again (its
+        # reuses come seconds apart, which any pool serves; its misses are partial blocks, not
+        # first uses): nothing fires.
+        evicted = 40.0 if i >= warm_at else 20.0
+        return (10.0, 10_000.0, 0.0, 0.0, evicted, 900.0, 800.0)
+
     n = warm_at + int(c.slow_s / c.interval_s)
     return [
         Scenario("undersized", n, undersized),
@@ -265,6 +312,8 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         Scenario("steady", n, steady),
         Scenario("fragmented", n, fragmented),
         Scenario("undersized_then_private", n, undersized_then_private),
+        Scenario("shorter_stay", n, shorter_stay),
+        Scenario("shorter_stay_harmless", n, shorter_stay_harmless),
     ]
 
 

@@ -116,6 +116,50 @@ def test_private_blocks_growing_in_an_undersized_pool_are_not_called_fragmentati
     assert d.conditions(late)["fragmentation"] is not None  # it would, on its own
 
 
+def test_blocks_leaving_sooner_with_lost_reuses_flag_an_undersized_pool() -> None:
+    """Blocks leave the pool twice as fast for the same traffic (its residence, in prompt
+    tokens, halves) while a few more evicted blocks are wanted again, too few for the regret
+    threshold: the residence signal fires alone, and says so."""
+    d = run("shorter_stay")
+    assert [a.name for a in d.history] == ["pool_undersized"]
+    alert = d.history[0]
+    assert "a cached block stays while 266,667 prompt tokens arrive, 33% fewer" in alert.reason
+    assert alert.values["residence_slow"] > alert.values["residence_fast"]
+    assert alert.values["regret_fast"] - alert.values["regret_slow"] < CONFIG.min_regret_rise
+    without = DetectorConfig(residence_drop=0.9, clear_residence_drop=0.9)
+    assert run("shorter_stay", without).history == []
+
+
+def test_blocks_leaving_sooner_without_lost_reuses_raise_nothing() -> None:
+    """The same shorter stay in a pool none of whose evicted blocks is wanted again (reuses
+    seconds apart, which any pool serves): no alert."""
+    assert run("shorter_stay_harmless").history == []
+
+
+def test_residence_is_per_prompt_token_so_more_traffic_is_not_a_shorter_stay() -> None:
+    """Twice the arrivals evict twice the blocks per second from the same pool: per prompt
+    token a block stays as long, so the residence signal does not fire."""
+    g = EarlyWarning(log=False)
+    for i in range(200):
+        rate = 2.0 if i >= 120 else 1.0
+        g.update(
+            Sample(
+                i * 30.0,
+                i * 10 * rate,
+                i * 10_000 * rate,
+                0,
+                i * 100,
+                i * 20 * rate,
+                900,
+                800,
+                1000,
+                i * 5000 * rate,
+            )
+        )
+    late = g.signals[-1]
+    assert late.residence_fast == pytest.approx(late.residence_slow, rel=0.2)
+
+
 def test_samples_must_come_in_order() -> None:
     d = EarlyWarning(log=False)
     d.update(Sample(10.0, 0, 0, 0, 0, 0, 0, 0, 1))
@@ -149,7 +193,11 @@ def test_rules_pass_promtool_check_and_its_unit_tests(tmp_path: Path) -> None:
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus) not installed")
 @pytest.mark.parametrize(
     ("flag", "value", "scenario"),
-    [("--max-cold-share", "0.05", None), ("--clear-regret-rise", "0.03", "wavering")],
+    [
+        ("--max-cold-share", "0.05", None),
+        ("--clear-regret-rise", "0.03", "wavering"),
+        ("--residence-drop", "0.6", "shorter_stay"),
+    ],
 )
 def test_promtool_fails_rules_that_disagree_with_the_detector(
     tmp_path: Path, flag: str, value: str, scenario: str | None
