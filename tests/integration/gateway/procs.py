@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -81,6 +82,22 @@ class Proc:
 def backend(port: int, model: str = "m", *extra: str) -> Proc:
     args = [sys.executable, str(HERE / "backend.py"), "--port", str(port), "--model", model]
     return Proc([*args, *extra], f"http://127.0.0.1:{port}/health")
+
+
+def backend_stats(port: int) -> dict:
+    """The test backend's counters (requests, running, aborted) from its ``/stats``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
+        return json.load(resp)
+
+
+def wait_aborted(port: int, timeout_s: float = 5.0) -> dict:
+    """The backend's counters once it has seen a request aborted (or ``timeout_s`` passed)."""
+    deadline = time.monotonic() + timeout_s
+    stats = backend_stats(port)
+    while stats["aborted"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stats = backend_stats(port)
+    return stats
 
 
 def emulated_engines(n: int) -> list[Engine]:

@@ -14,14 +14,15 @@ from pathlib import Path
 import openai
 import pytest
 from tests.integration.gateway.conftest import KEYS, write_keys
-from tests.integration.gateway.procs import backend, free_port, gateway
+from tests.integration.gateway.procs import (
+    backend,
+    backend_stats,
+    free_port,
+    gateway,
+    wait_aborted,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _stats(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
-        return json.load(resp)
 
 
 def _get(url: str, key: str | None = None, method: str = "GET", body: dict | None = None):
@@ -54,8 +55,8 @@ def test_a_failing_replica_is_retried_elsewhere_then_ejected() -> None:
             r = c.completions.create(model="m", prompt=f"p{i}", max_tokens=2)
             assert r.choices[0].text == "tok tok "
         # three consecutive failures eject it; nothing more is sent there meanwhile
-        assert _stats(bad_port)["requests"] == 3
-        assert _stats(good_port)["requests"] == 12
+        assert backend_stats(bad_port)["requests"] == 3
+        assert backend_stats(good_port)["requests"] == 12
         status, ready = _get(f"http://127.0.0.1:{port}/ready")
         assert status == 200
         assert [r["up"] for r in ready["replicas"]] == [False, True]
@@ -122,11 +123,8 @@ def test_a_client_disconnect_cancels_the_upstream_request() -> None:
         stream = c.completions.create(model="m", prompt="go", stream=True)
         next(iter(stream))
         stream.close()
-        deadline = time.monotonic() + 5
-        while _stats(bport)["aborted"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _stats(bport)["aborted"] == 1
-        assert _stats(bport)["running"] == 0
+        assert wait_aborted(bport)["aborted"] == 1
+        assert backend_stats(bport)["running"] == 0
     finally:
         gw.stop()
         slow.stop()
@@ -171,10 +169,10 @@ def test_admin_api_adds_drains_and_removes_replicas() -> None:
         first = f"127.0.0.1:{p1}"
         assert _get(f"{base}/admin/replicas/{first}/drain", "adm", "POST", {})[0] == 200
         c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
-        before = _stats(p1)["requests"]
+        before = backend_stats(p1)["requests"]
         for i in range(4):
             c.completions.create(model="m", prompt=f"x{i}", max_tokens=1)
-        assert _stats(p1)["requests"] == before  # drained: no new work
+        assert backend_stats(p1)["requests"] == before  # drained: no new work
         assert _get(f"{base}/admin/replicas/{first}", "adm", "DELETE")[0] == 200
         assert _get(f"{base}/admin/replicas/{first}", "adm", "DELETE")[0] == 404
         assert [r["id"] for r in _get(f"{base}/admin/replicas", "adm")[1]] == [added["id"]]

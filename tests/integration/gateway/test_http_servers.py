@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
-from tests.integration.gateway.procs import backend, free_port, gateway
+from tests.integration.gateway.procs import (
+    backend,
+    free_port,
+    gateway,
+    wait_aborted,
+)
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _stats(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
-        return json.load(resp)
 
 
 def _status(url: str, method: str = "GET") -> tuple[int, dict]:
@@ -50,10 +49,7 @@ def test_the_gateway_serves_the_same_on_both_servers(server: str) -> None:
         stream = c.completions.create(model="m", prompt="c", stream=True)
         next(iter(stream))
         stream.close()
-        deadline = time.monotonic() + 5
-        while _stats(bport)["aborted"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _stats(bport)["aborted"] == 1
+        assert wait_aborted(bport)["aborted"] == 1
         # SIGTERM: the stream in flight ends whole, then the process exits 0
         it = iter(c.completions.create(model="m", prompt="d", stream=True))
         text = next(it).choices[0].text
