@@ -54,7 +54,15 @@ import httptools
 import orjson
 import uvloop
 
-from gateways import MODEL, PEERS, Front, git_rev, peer_installed, start_front, wait_routable
+from gateways import (
+    MODEL,
+    Front,
+    gateways_to_run,
+    git_rev,
+    peer_python,
+    start_front,
+    wait_routable,
+)
 from kvtide.cli.processes import (
     LOOPBACK,
     ChildProcess,
@@ -601,15 +609,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cores = sorted(os.sched_getaffinity(0))
     pin = not args.no_pin and len(cores) >= 2
     gateway_cpus, client_cpus = ({cores[0]}, {cores[1]}) if pin else (None, None)
-    python = args.peers_venv / "bin" / "python"
-    names = [DIRECT, *KVTIDE]
-    for name, (module, _, _) in PEERS.items():
-        if peer_installed(python, module):
-            names.append(name)
-        else:
-            print(f"skipping {name}: {module} is not installed in {args.peers_venv}")
-    if args.only:
-        names = [n for n in names if n in args.only.split(",")]
+    python = peer_python(args.peers_venv)
+    names = gateways_to_run([DIRECT, *KVTIDE], args.peers_venv, args.only)
     rev = git_rev()
     pinning = f"gateway on core {cores[0]}, wrk+backends+client on core {cores[1]}" if pin else "no"
     config = {k: v for k, v in vars(args).items() if k != "serve_backends"}

@@ -106,11 +106,31 @@ def git_rev() -> str:
         return "unknown"
 
 
+def peer_python(peers_venv: Path) -> Path:
+    """The interpreter of the peers' venv."""
+    return peers_venv / "bin" / "python"
+
+
 def peer_installed(python: Path, module: str) -> bool:
     if not python.exists():
         return False
     probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec('{module}') is None)"
     return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+
+
+def gateways_to_run(ours: Sequence[str], peers_venv: Path, only: str | None) -> list[str]:
+    """``ours`` and every peer installed in ``peers_venv`` (saying which are skipped), narrowed
+    to the comma-separated names of ``only`` when given."""
+    python = peer_python(peers_venv)
+    names = list(ours)
+    for name, (module, _, _) in PEERS.items():
+        if peer_installed(python, module):
+            names.append(name)
+        else:
+            print(f"skipping {name}: {module} is not installed in {peers_venv}")
+    if only:
+        names = [n for n in names if n in only.split(",")]
+    return names
 
 
 class Front:
@@ -553,15 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, dest="json_path")
     args = p.parse_args(argv)
     phases = set(args.phases.split(","))
-    python = args.peers_venv / "bin" / "python"
-    fronts = [KVTIDE]
-    for name, (module, _, _) in PEERS.items():
-        if peer_installed(python, module):
-            fronts.append(name)
-        else:
-            print(f"skipping {name}: {module} is not installed in {args.peers_venv}")
-    if args.only:
-        fronts = [f for f in fronts if f in args.only.split(",")]
+    python = peer_python(args.peers_venv)
+    fronts = gateways_to_run([KVTIDE], args.peers_venv, args.only)
     print(f"bench/gateways.py rev {git_rev()} config {json.dumps(vars(args), default=str)}")
     results: dict[str, Any] = {"config": vars(args), "rev": git_rev(), "gateways": fronts}
     base = ["--max-model-len", str(args.max_model_len)]
