@@ -36,10 +36,9 @@ def prefix_key(request: RouteRequest, key_blocks: int) -> int:
     """The routing key of a request: the chained hash of its first ``key_blocks`` blocks (one
     hash that covers the whole prefix), or of its session / request id when it has no full
     block. Too small a ``key_blocks`` keys every request on the shared system prompt."""
-    raw = request.block_hashes.raw
-    if raw:
-        at = (min(key_blocks, len(raw) >> 3) - 1) << 3
-        return int.from_bytes(raw[at : at + 8], "little")
+    hashes = request.block_hashes
+    if n := len(hashes):
+        return int(hashes[min(key_blocks, n) - 1])
     return _h64((request.session_id or request.request_id).encode())
 
 
