@@ -25,6 +25,8 @@ PALETTE = (
 )
 WIDTH, HEIGHT = 960, 380
 LEFT, RIGHT, TOP, BOTTOM = 72, 200, 14, 52
+Y_LABEL_BAND = 24  # the rotated y-axis label, centred at x = 16, 13 px high, and a gap
+DIGIT_PX = 7.3  # a tick label's width per character at 13 px sans-serif (digits, commas)
 FONT = 'font-family="sans-serif" font-size="13"'
 
 # A sequential white-to-dark-blue scale ("Blues", ColorBrewer, Harrower & Brewer 2003): even
@@ -117,24 +119,27 @@ def line_chart(
     if x1 <= x0:
         x1 = x0 + 1
     lo, hi = _y_range(ys, y_min, y_max)
-    pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    y_ticks = [(t, _percent(t) if y_percent else fmt_number(t)) for t in nice_ticks(lo, hi, 5)]
+    # wide tick labels ("200,000") push the plot right, clear of the rotated y label
+    widest = max((len(label) for _, label in y_ticks), default=0)
+    left = max(LEFT, Y_LABEL_BAND + 6 + math.ceil(DIGIT_PX * widest))
+    pw, ph = WIDTH - left - RIGHT, HEIGHT - TOP - BOTTOM
 
     def px(v: float) -> float:
-        return LEFT + (fx(v) - x0) / (x1 - x0) * pw
+        return left + (fx(v) - x0) / (x1 - x0) * pw
 
     def py(v: float) -> float:
         return TOP + ph - (min(max(v, lo), hi) - lo) / (hi - lo) * ph
 
     out = [
         _open(HEIGHT),
-        f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>',
+        f'<rect x="{left}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>',
     ]
-    for t in nice_ticks(lo, hi, 5):
+    for t, label in y_ticks:
         y = py(t)
-        label = _percent(t) if y_percent else fmt_number(t)
         out.append(
-            f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>'
-            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
+            f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>'
         )
     for t in _x_ticks(x0, x1, log_x):
         x = px(t)
@@ -144,7 +149,7 @@ def line_chart(
             f'<text x="{x:.1f}" y="{TOP + ph + 19}" text-anchor="middle">{x_format(t)}</text>'
         )
     out.append(
-        f'<text x="{LEFT + pw / 2}" y="{HEIGHT - 10}" text-anchor="middle">{escape(x_label)}</text>'
+        f'<text x="{left + pw / 2}" y="{HEIGHT - 10}" text-anchor="middle">{escape(x_label)}</text>'
         f'<text transform="translate(16,{TOP + ph / 2}) rotate(-90)" text-anchor="middle">'
         f"{escape(y_label)}</text>"
     )
