@@ -234,27 +234,31 @@ def rules(config: DetectorConfig | None = None, by: Sequence[str] = ("instance",
 # --- promtool unit tests ---------------------------------------------------------------------
 
 
+Step = tuple[float, float, float, float, float, float, float]
+"""(lookups, prompt, cold, evicted-miss tokens, evicted blocks) increments and (used, cached)
+gauges of one evaluation."""
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """Per-evaluation counter increments and gauges of one synthetic instance."""
 
     name: str
     steps: int
-    step: Callable[[int], tuple[float, float, float, float, float, float, float]]
-    """i -> (lookups, prompt, cold, evicted-miss tokens, evicted blocks) increments and
-    (used, cached) gauges at evaluation i."""
+    step: Callable[[int], Step]
+    """i -> the ``Step`` at evaluation i."""
 
 
 def _scenarios(c: DetectorConfig) -> list[Scenario]:
     per_min = 60.0 / c.interval_s
     warm_at = int(2 * c.slow_s / c.interval_s)  # a long steady stretch before any change
 
-    def undersized(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def undersized(i: int) -> Step:
         regret = 500.0 if i >= warm_at else 100.0  # 2% -> 10% of the prefill work
         evicted = 40.0 if i >= warm_at else 20.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
-    def wavering(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def wavering(i: int) -> Step:
         # The regret ratio climbs fast (0.6 points a minute: the alert fires), then slowly
         # (0.225 a minute: 2.25 points over the baseline, below the firing threshold and above
         # the clearing one): with hysteresis the alert holds through the slow climb.
@@ -265,16 +269,16 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         evicted = 20.0 if late < 0 else 40.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
-    def cold_start(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def cold_start(i: int) -> Step:
         filling = i < 10 * per_min  # ten minutes of first uses, then a warm steady pool
         cold = 5_000.0 if filling else 50.0
         evicted = 0.0 if filling else 20.0
         return (10.0, 10_000.0, cold, 0.0 if filling else 100.0, evicted, 900.0, 800.0)
 
-    def steady(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def steady(i: int) -> Step:
         return (10.0, 10_000.0, 50.0, 100.0 + (i % 3) * 10.0, 20.0, 900.0, 800.0)
 
-    def undersized_then_private(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def undersized_then_private(i: int) -> Step:
         # The pool turns undersized, then requests queue and their private blocks grow: the
         # consequence raises no fragmentation alert of its own.
         late = i >= warm_at
@@ -283,12 +287,12 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         later = i >= warm_at + 4 * per_min
         return (10.0, 10_000.0, 50.0, regret, evicted, 950.0, 500.0 if later else 800.0)
 
-    def fragmented(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def fragmented(i: int) -> Step:
         late = i >= warm_at
         evicted = 30.0 if late else 20.0
         return (10.0, 10_000.0, 50.0, 100.0, evicted, 950.0, 500.0 if late else 800.0)
 
-    def shorter_stay(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def shorter_stay(i: int) -> Step:
         # Blocks leave twice as fast from a pool caching as many (its residence time halves)
         # and a few more evicted blocks are wanted again (2% -> 2.4% of the prefill work,
         # under the regret threshold): the residence signal alone.
@@ -297,7 +301,7 @@ def _scenarios(c: DetectorConfig) -> list[Scenario]:
         evicted = 40.0 if late else 20.0
         return (10.0, 10_000.0, 50.0, regret, evicted, 900.0, 800.0)
 
-    def shorter_stay_harmless(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def shorter_stay_harmless(i: int) -> Step:
         # The same shorter stay in a pool none of whose evicted blocks is wanted again (its
         # reuses come seconds apart, which any pool serves; its misses are partial blocks, not
         # first uses): nothing fires.

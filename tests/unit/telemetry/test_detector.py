@@ -13,7 +13,7 @@ from kvtide.cli import main
 from kvtide.telemetry import DetectorConfig, EarlyWarning, MemoryRecorder, Sample
 from kvtide.telemetry import metrics as m
 from kvtide.telemetry.detector import Signals, run_detector
-from kvtide.telemetry.rules import Scenario, _samples, _scenarios
+from kvtide.telemetry.rules import Scenario, Step, _samples, _scenarios
 
 PROMTOOL = shutil.which("promtool")
 CONFIG = DetectorConfig()
@@ -65,7 +65,7 @@ def test_rising_prompt_tokens_with_steady_arrivals_are_not_an_undersized_pool() 
     base = next(s for s in _scenarios(CONFIG) if s.name == "undersized")
     warm_at = int(2 * CONFIG.slow_s / CONFIG.interval_s)
 
-    def longer(i: int) -> tuple[float, float, float, float, float, float, float]:
+    def longer(i: int) -> Step:
         lookups, prompt, *rest = base.step(i)
         return (lookups, prompt * (1.5 if i >= warm_at else 1.0), *rest)  # type: ignore[return-value]
 
