@@ -15,11 +15,10 @@ def stats(requests: Iterable[Request]) -> dict[str, object]:
 
     ``infinite_cache_hit_ratio`` is the share of prompt tokens an unbounded cache would serve
     at each request's own (native) block size: the full blocks of the longest prefix already
-    seen, over all prompt tokens. Blocks are keyed by their whole prefix (interned chains of
-    ids or token blocks), so content ids such as Bailian's are chained, never matched alone.
+    seen, over all prompt tokens. Blocks are keyed by their whole prefix (``_PrefixKeys``).
     ``unique_block_fraction`` is distinct full blocks over all full blocks.
     """
-    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    keys = _PrefixKeys()
     prompt_tokens: list[int] = []
     num_output_tokens = num_hit_tokens = num_blocks = 0
     first_s = last_s = 0.0
@@ -34,17 +33,11 @@ def stats(requests: Iterable[Request]) -> dict[str, object]:
         tenants.add(request.tenant)
         if request.session_id is not None:
             sessions.add(request.session_id)
-        parent = -1
         num_hit_blocks = 0
         is_hit = True
-        for block in _full_blocks(request):
-            key = chain_to_key.get((parent, block))
-            if key is None:
-                key = len(chain_to_key)
-                chain_to_key[(parent, block)] = key
-                is_hit = False
+        for _, is_new in keys.of(request):
+            is_hit = is_hit and not is_new
             num_hit_blocks += is_hit
-            parent = key
             num_blocks += 1
         num_hit_tokens += num_hit_blocks * request.block_tokens
     num_prompt_tokens = sum(prompt_tokens)
@@ -57,7 +50,7 @@ def stats(requests: Iterable[Request]) -> dict[str, object]:
         "p50_prompt_tokens": statistics.median(prompt_tokens) if prompt_tokens else 0.0,
         "tenants": len(tenants),
         "sessions": len(sessions),
-        "unique_block_fraction": len(chain_to_key) / num_blocks if num_blocks else 0.0,
+        "unique_block_fraction": len(keys) / num_blocks if num_blocks else 0.0,
         "infinite_cache_hit_ratio": num_hit_tokens / num_prompt_tokens
         if num_prompt_tokens
         else 0.0,
@@ -76,6 +69,31 @@ def _full_blocks(request: Request) -> Iterable[Hashable]:
     return ()
 
 
+class _PrefixKeys:
+    """Interns full blocks by their whole prefix (the same chain of blocks, the same key), so
+    content ids such as Bailian's are chained, never matched alone. Keys count from 0."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[int, Hashable], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def of(self, request: Request) -> list[tuple[int, bool]]:
+        """Each full block's key and whether this request is the first to hold it."""
+        out = []
+        parent = -1
+        for block in _full_blocks(request):
+            key = self._keys.get((parent, block))
+            if key is None:
+                key = self._keys[(parent, block)] = len(self._keys)
+                out.append((key, True))
+            else:
+                out.append((key, False))
+            parent = key
+        return out
+
+
 def peak_reused_tokens(requests: Iterable[Request]) -> int:
     """The most prompt tokens that are, at one moment, cached and still to be reused: the
     KV capacity a fleet needs to serve every prefix hit an unbounded cache would.
@@ -87,23 +105,19 @@ def peak_reused_tokens(requests: Iterable[Request]) -> int:
     a prefix over replicas, needs more. Sizing a benchmark's KV as a fraction of this puts
     its capacity under pressure by construction, whatever the workload's lengths.
     """
-    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    keys = _PrefixKeys()
     first: list[int] = []  # per key: index of the request that first held it
     last: list[int] = []  # ... and of the last one that used it
     tokens: list[int] = []
     n = 0
     for n, request in enumerate(requests):
-        parent = -1
-        for block in _full_blocks(request):
-            key = chain_to_key.get((parent, block))
-            if key is None:
-                key = chain_to_key[(parent, block)] = len(first)
+        for key, is_new in keys.of(request):
+            if is_new:
                 first.append(n)
                 last.append(n)
                 tokens.append(request.block_tokens)
             else:
                 last[key] = n
-            parent = key
     delta = np.zeros(n + 2, dtype=np.int64)
     for f, x, t in zip(first, last, tokens, strict=True):
         if x > f:
@@ -124,16 +138,12 @@ def lru_reuse_tokens(requests: Iterable[Request], share: float = 0.9) -> int:
     """
     if not 0.0 < share <= 1.0:
         raise ValueError(f"share must be in (0, 1], got {share}")
-    chain_to_key: dict[tuple[int, Hashable], int] = {}
+    keys = _PrefixKeys()
     refs: list[int] = []
     block_tokens = 0
     for request in requests:
         block_tokens = request.block_tokens
-        parent = -1
-        for block in _full_blocks(request):
-            key = chain_to_key.setdefault((parent, block), len(chain_to_key))
-            refs.append(key)
-            parent = key
+        refs.extend(key for key, _ in keys.of(request))
     n = len(refs)
     tree = [0] * (n + 1)  # Fenwick tree: 1 at each block's latest reference time
 
