@@ -332,8 +332,7 @@ class CostAware(BasePolicy):
 
 def _full_key(request: RouteRequest, key: int) -> int:
     """The key of the whole prompt's full blocks (the last chained hash covers them all)."""
-    raw = request.block_hashes.raw
-    return int.from_bytes(raw[-8:], "little") if raw else key
+    return int(request.block_hashes[-1]) if request.num_blocks else key
 
 
 def _decrement(counts: dict[K, int], key: K) -> None:
