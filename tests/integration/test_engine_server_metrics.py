@@ -36,8 +36,14 @@ def _scrape(url: str) -> dict[str, float]:
     families = list(text_string_to_metric_families(text))
     # kvtide's own families follow the vLLM ones, with their own labels (kvtide.telemetry).
     assert any(f.name.startswith("kvtide_cache_") for f in families)
+    assert any(f.name == "vllm:cache_config_info" for f in families)  # the router's capacity
     for family in families:
         if not family.name.startswith("vllm:"):
+            continue
+        if family.name == "vllm:cache_config_info":  # vLLM's CacheConfig as labels, no model
+            (info,) = family.samples
+            assert info.value == 1.0 and int(info.labels["num_gpu_blocks"]) > 0, info
+            assert int(info.labels["block_size"]) > 0, info
             continue
         types[family.name] = family.type
         for sample in family.samples:

@@ -76,6 +76,7 @@ class EngineMetrics:
         zero: Callable[[], float] = lambda: 0.0  # noqa: E731
         self._gauges = {"running": zero, "waiting": zero, "usage": zero}
         self._evicted_blocks = zero
+        self._cache_info: dict[str, str] = {}
         self.registry = CollectorRegistry()
         self.registry.register(_Families(self))
         self._telemetry: EngineTelemetry | None = None
@@ -84,6 +85,11 @@ class EngineMetrics:
         """Serves the kvtide_* families (``kvtide.telemetry``) after the vllm:* ones; a scrape
         also ticks the online early warning, so it runs while the engine sleeps."""
         self._telemetry = telemetry
+
+    def set_cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
+        """vLLM's ``cache_config_info`` (its CacheConfig as labels, value 1); the two labels a
+        router reads to learn the engine's KV capacity."""
+        self._cache_info = {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks)}
 
     def bind_gauges(
         self,
@@ -130,6 +136,15 @@ class EngineMetrics:
     def families(self) -> Iterator[Metric]:
         lab = self.labels
         gauges = self._gauges
+        if self._cache_info:
+            names = list(self._cache_info)
+            info = GaugeMetricFamily(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                labels=[*names, "engine"],
+            )
+            info.add_metric([*self._cache_info.values(), lab[1]], 1.0)
+            yield info
         for name, doc, key in (
             ("vllm:num_requests_running", "Requests in model execution batches.", "running"),
             ("vllm:num_requests_waiting", "Requests waiting to be processed.", "waiting"),

@@ -108,6 +108,7 @@ def build(config: ServerConfig) -> Built:
         limits = _limits(config, min(config.max_model_len, real.max_model_len))
         return Built(EngineApp(real, tokenizer, metrics, limits), real, None, None)
     scheduler, clock = build_scheduler(config, record_events=config.kv_events_port is not None)
+    metrics.set_cache_config(config.block_tokens, scheduler.cache.capacity_blocks)
     publisher = None
     if config.kv_events_port is not None:
         publisher = EnginePublisher(

@@ -28,9 +28,12 @@ _SAMPLE = re.compile(
     rb"(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)",
     re.MULTILINE,
 )
-_KV_SCALE_BLOCKS = 10_000
-"""Scraped KV usage becomes ``kv_used_blocks`` of this many ``capacity_blocks`` when the
-gateway does not know a replica's capacity: only the ratio matters to the policies."""
+_GPU_BLOCKS = re.compile(rb'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.MULTILINE)
+_BLOCK_SIZE = re.compile(rb'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
+CAPACITY = "capacity_tokens"
+"""The engine's device KV in tokens, from vLLM's ``cache_config_info`` (num_gpu_blocks x
+block_size; summed over engines, as the gauges): what the router compares the blocks the
+index sees a replica hold with (``cost``'s room check)."""
 
 
 def parse_engine_metrics(text: bytes) -> dict[str, float]:
@@ -44,6 +47,10 @@ def parse_engine_metrics(text: bytes) -> dict[str, float]:
             continue
         if value == value:  # NaN
             out[name] = out.get(name, 0.0) + value
+    sizes = _BLOCK_SIZE.findall(text)
+    blocks = _GPU_BLOCKS.findall(text)
+    if blocks and len(sizes) == len(blocks):
+        out[CAPACITY] = float(sum(int(b) * int(s) for b, s in zip(blocks, sizes, strict=True)))
     return out
 
 
@@ -57,9 +64,10 @@ def apply_scrape(replica: Replica, scraped: dict[str, float]) -> None:
     replica.count_others(scraped=max(engine_requests - replica.in_flight, 0))
     usage = scraped.get("vllm:kv_cache_usage_perc")
     if usage is not None:
-        if state.capacity_blocks <= 0:
-            state.capacity_blocks = _KV_SCALE_BLOCKS
-        state.kv_used_blocks = int(min(max(usage, 0.0), 1.0) * state.capacity_blocks)
+        state.kv_usage = usage
+    capacity = scraped.get(CAPACITY)
+    if capacity is not None:
+        state.capacity_blocks = int(capacity) // state.block_tokens
     replica.scraped = scraped
 
 

@@ -27,14 +27,41 @@ from a replica running one request to an idle one, where it recomputes what is c
 elsewhere, duplicates it and pushes out other sessions' histories; under pressure that loses
 hits the rest of the fleet then pays for in queueing. The replica holding the prompt writes
 only its new part, an empty one all of it, so the term weighs each placement by what it
-evicts. ``evict_weight`` = w; the default 0 is the myopic cost. w = 1 (an evicted token is
+evicts. ``evict_weight`` = w; the default 0 leaves it out. w = 1 (an evicted token is
 recomputed once) in ``kvtide simulate`` on chat sessions whose fleet KV is half what they need
-(docs/gateways.md, run 4): hits 58.8% -> 59.7%, TTFT p99 2.73 -> 2.40 s; on the default
-``kvtide simulate`` 79.1% -> 79.0%, p99 115 -> 122 ms. Not the default yet: it charges every
-replica as if full, so a replica restarted empty pays for evictions it will not make and
-gets requests only at a higher load on the holders (tests/unit/routing/test_cost_load.py);
-e should be the new tokens beyond the replica's free KV, which needs per-replica occupancy
-from the index (held blocks against capacity), not kept there today.
+(docs/gateways.md, run 4), before the holder rule below: hits 58.8% -> 59.7%, TTFT p99
+2.73 -> 2.40 s; on the default ``kvtide simulate`` 79.1% -> 79.0%, p99 115 -> 122 ms; with the
+holder rule it adds nothing (68.1% -> 68.2% over 8 seeds). It charges every replica as if
+full; the room check below is where occupancy (the index's ``held_blocks`` against the
+engine's capacity) is used.
+The holder keeps its prefix (``affinity_share``, default 0.2): when an eligible replica holds
+at least that share of the prompt's blocks, the request goes to the replica(s) holding the
+longest prefix and the cost only breaks ties among them, as long as the holder runs at most
+``holder_slack`` (default 16) requests more than the least loaded replica. One exception,
+room: where the holders' device KV is full (the index's ``held_blocks`` against
+``ReplicaState.capacity_blocks``, which a gateway reads from vLLM's ``cache_config_info``) and
+another eligible replica has room for the whole prompt, that replica copies it without
+evicting anything, so the cost weighs it against the holders (an engine restarted empty).
+Why the rule: the score is one request's, but under KV pressure what decides the hit ratio is
+where each shared prefix lives. A new session of a system prompt, or the next turn of a
+conversation, that the score moves off the holder because it runs a request or two writes a
+second copy of that prefix on another replica; copies of shared prefixes then fill the
+fleet's KV and push out the sessions' histories. ``kvtide simulate`` on chat sessions whose
+fleet KV is half what they need (docs/gateways.md, run 4), seed 0: the score alone left 1.47
+replicas per session and 2.1 per system prompt, the holder rule 1.18 and 1.56, sglang-router's
+rule (longest match above 30%, a 64-request imbalance guard, an approximate tree that never
+forgets a placement) 1.00 and 1.00. Over 8 seeds, hits 65.7% -> 68.4% (sglang's rule 70.2%;
+the same rule on the event-fed index instead of its tree 66.6%), TTFT p50 47 -> 39 ms (35),
+p99 1.31 -> 1.16 s (1.61); Mooncake's first 500 requests 7.5% -> 8.2% (7.2%), p99
+4.02 -> 3.73 s (3.79); the default ``kvtide simulate`` 79.1% -> 78.8%, p99 115 -> 118 ms.
+Below the share (a chat template's one shared block) the cost decides as before; the
+bounded-load cap and hot-prefix spreading below apply first, so a hot prefix still spreads.
+The slack is the price: while the holders have room, an engine restarted empty gets none of
+their sessions until they run ``holder_slack`` more requests than it (decoding sequences,
+which on a memory-bound decode cost each other little); a tighter slack gives the hits back
+(8: 67.2%, 16: 68.1%, 32 and more: 68.3%, measured before the room check). Without occupancy
+(capacities unknown, or an index store that does not count, as Redis's) there is no room
+check. ``affinity_share=0`` turns the rule off.
 Guard rails, so that router replicas without a coordinator agree and no replica melts:
 - a hard bounded-load cap on work in seconds (``load="work"``, the default): with q_r the
   seconds of prefill queued at replica r (the queue term of the estimate) and s the request's
@@ -81,7 +108,7 @@ from kvtide.routing.chash import (
     tie_break,
 )
 from kvtide.routing.decision import RouteDecision
-from kvtide.routing.index import PrefixMatch
+from kvtide.routing.index import Occupancy, PrefixMatch
 from kvtide.routing.policies import BasePolicy, RoutingContext, check_epsilon
 from kvtide.routing.provisional import provisional_entries
 from kvtide.routing.replica import ReplicaState
@@ -129,8 +156,16 @@ class CostAware(BasePolicy):
         provisional: bool = True,
         provisional_hold_s: float | None = None,
         evict_weight: float = 0.0,
+        affinity_share: float = 0.2,
+        holder_slack: int = 16,
     ) -> None:
         super().__init__(ctx)
+        if not 0.0 <= affinity_share <= 1.0:
+            raise ConfigError(f"cost affinity_share must be in [0, 1], got {affinity_share!r}")
+        self.affinity_share = float(affinity_share)
+        if not holder_slack >= 0:
+            raise ConfigError(f"cost holder_slack must be >= 0, got {holder_slack!r}")
+        self.holder_slack = int(holder_slack)
         if not evict_weight >= 0:
             raise ConfigError(f"cost evict_weight must be >= 0, got {evict_weight!r}")
         self.evict_weight = float(evict_weight)
@@ -145,6 +180,7 @@ class CostAware(BasePolicy):
         self.hot_replication = bool(hot_replication)
         self.rings = RingCache(int(vnodes))
         self.index = ctx.require_index(self.name)
+        self._held = self.index.held_blocks if isinstance(self.index, Occupancy) else None
         self.provisional = provisional_entries(ctx, provisional_hold_s) if provisional else None
         self.model = ctx.ttft_model
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
@@ -179,7 +215,52 @@ class CostAware(BasePolicy):
             spread = self._spread(cands, eligible, key, total, request, match)
             if spread is not None:
                 eligible, reason = spread, "hot"
+        if self.affinity_share > 0.0:
+            cap = min([r.num_requests for r in cands]) + self.holder_slack
+            holders = self._holders(
+                [r for r in eligible if r.num_requests <= cap], match, request.num_blocks
+            )
+            if holders is not None:
+                eligible = holders + self._with_room(eligible, holders, match, request.num_blocks)
         return self._cheapest(request, eligible, match, key, reason)
+
+    def _holders(
+        self, eligible: list[ReplicaState], match: PrefixMatch, num_blocks: int
+    ) -> list[ReplicaState] | None:
+        """The eligible replicas holding the longest cached prefix of this request, when that
+        prefix is at least ``affinity_share`` of its blocks; else None (the cost decides)."""
+        held = match.any_tier
+        best = max([held.get(r.replica_id, 0) for r in eligible], default=0)
+        if best < self.min_cached_blocks or best < self.affinity_share * num_blocks:
+            return None
+        return [r for r in eligible if held.get(r.replica_id, 0) == best]
+
+    def _with_room(
+        self,
+        eligible: list[ReplicaState],
+        holders: list[ReplicaState],
+        match: PrefixMatch,
+        num_blocks: int,
+    ) -> list[ReplicaState]:
+        """Where the holders must evict to take the prompt's new blocks: the eligible
+        non-holders whose device KV has room for all of it, which copy it without evicting
+        anything (an engine restarted empty); the cost then weighs them against the holders.
+        None where a holder has room too, or the capacities or the index's counts are unknown."""
+        held = self._held
+        if held is None:
+            return []
+        new = num_blocks - match.any_tier.get(holders[0].replica_id, 0)
+        if any(
+            r.capacity_blocks <= 0 or r.capacity_blocks - held(r.replica_id) >= new for r in holders
+        ):
+            return []
+        return [
+            r
+            for r in eligible
+            if r.capacity_blocks > 0
+            and r.capacity_blocks - held(r.replica_id) >= num_blocks
+            and r not in holders
+        ]
 
     def work_cap_s(self, cands: Sequence[ReplicaState], prompt_tokens: int) -> float:
         """The most seconds of queued prefill a replica may hold and still take a request of

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.hashing import BlockHashes, as_block_hashes
@@ -77,6 +77,13 @@ class IndexStore(Protocol):
     def match(self, hashes: Sequence[BlockHash], *, exact: bool = False) -> PrefixMatch: ...
 
 
+@runtime_checkable
+class Occupancy(Protocol):
+    """An index that also counts what each replica holds (``GlobalPrefixIndex`` does)."""
+
+    def held_blocks(self, replica: ReplicaId) -> int: ...
+
+
 @dataclass(slots=True)
 class IndexCounters:
     stored_blocks: int = 0
@@ -93,6 +100,9 @@ class GlobalPrefixIndex:
         self._bit_of: dict[ReplicaId, int] = {}
         self._replica_of: list[ReplicaId | None] = []
         self.counters = IndexCounters()
+        # device blocks stored less removed, per replica: its occupancy in O(1) (an engine
+        # announces a block once when it caches it and once when it evicts it)
+        self._held: dict[ReplicaId, int] = {}
 
     # --- replicas --------------------------------------------------------------------------
 
@@ -117,6 +127,7 @@ class GlobalPrefixIndex:
     def remove_replica(self, replica: ReplicaId) -> None:
         """Forgets a replica and frees its bit."""
         b = self._bit_of.pop(replica, None)
+        self._held.pop(replica, None)
         if b is not None:
             self._table.clear_bit(b)
             self._replica_of[b] = None
@@ -128,6 +139,8 @@ class GlobalPrefixIndex:
     ) -> None:
         self._table.add(_raw(hashes), self.bit(replica), int(tier))
         self.counters.stored_blocks += len(hashes)
+        if tier is Tier.DEVICE:
+            self._held[replica] = self._held.get(replica, 0) + len(hashes)
 
     def remove(
         self, replica: ReplicaId, hashes: Sequence[BlockHash], tier: Tier = Tier.DEVICE
@@ -135,6 +148,8 @@ class GlobalPrefixIndex:
         b = self._bit_of.get(replica)
         if b is not None:
             self._table.remove(_raw(hashes), b, int(tier))
+            if tier is Tier.DEVICE:
+                self._held[replica] = max(self._held.get(replica, 0) - len(hashes), 0)
         self.counters.removed_blocks += len(hashes)
 
     def clear_replica(self, replica: ReplicaId) -> None:
@@ -142,6 +157,7 @@ class GlobalPrefixIndex:
         b = self._bit_of.get(replica)
         if b is not None:
             self._table.clear_bit(b)
+        self._held.pop(replica, None)
         self.counters.clears += 1
 
     def apply(self, replica: ReplicaId, event: KVEvent) -> None:
@@ -302,6 +318,11 @@ class GlobalPrefixIndex:
         """Table bytes per (block, replica, tier) entry held."""
         entries = self.num_entries()
         return self.nbytes / entries if entries else 0.0
+
+    def held_blocks(self, replica: ReplicaId) -> int:
+        """Device blocks the replica holds, O(1): the blocks its events stored less those
+        they removed since its last clear (``replica_blocks`` counts them, O(table))."""
+        return self._held.get(replica, 0)
 
     def replica_blocks(self, tier: Tier = Tier.DEVICE) -> dict[ReplicaId, int]:
         """Blocks held per replica in ``tier``; O(table size), for reports and tests."""

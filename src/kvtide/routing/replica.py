@@ -16,8 +16,10 @@ class ReplicaState:
     ``num_requests``: requests dispatched and not completed (the load that bounded-load hashing
     caps). ``queued_prefill_tokens``: prompt tokens still to prefill (uncached part as predicted
     at dispatch). ``decode_sequences`` / ``decode_tokens``: running sequences and their context
-    tokens (the KV they keep busy). ``kv_used_blocks`` / ``capacity_blocks``: KV occupancy;
-    when the caller knows neither, utilisation is estimated from the decode tokens.
+    tokens (the KV they keep busy). ``kv_used_blocks`` / ``capacity_blocks``: KV occupancy
+    (``capacity_blocks`` 0: unknown); ``kv_usage``: the engine's own reported fraction (a
+    scraped ``vllm:kv_cache_usage_perc``), which wins where set; when the caller knows none,
+    utilisation is estimated from the decode tokens.
     """
 
     __slots__ = (
@@ -26,6 +28,7 @@ class ReplicaState:
         "decode_sequences",
         "decode_tokens",
         "healthy",
+        "kv_usage",
         "kv_used_blocks",
         "num_requests",
         "queued_prefill_tokens",
@@ -49,10 +52,13 @@ class ReplicaState:
         self.decode_sequences = 0
         self.decode_tokens = 0
         self.kv_used_blocks: int | None = None
+        self.kv_usage: float | None = None
 
     @property
     def kv_utilization(self) -> float:
         """Fraction of KV capacity in use, in [0, 1]; 0 when the capacity is unknown."""
+        if self.kv_usage is not None:
+            return min(max(self.kv_usage, 0.0), 1.0)
         if self.capacity_blocks <= 0:
             return 0.0
         used = self.kv_used_blocks

@@ -35,3 +35,6 @@ class MemoryIndexStore:
     def match(self, hashes: Sequence[BlockHash], *, exact: bool = False) -> PrefixMatch:
         with self._lock:
             return self.index.match(hashes, exact=exact)
+
+    def held_blocks(self, replica: ReplicaId) -> int:
+        return self.index.held_blocks(replica)  # one dict read: no lock needed

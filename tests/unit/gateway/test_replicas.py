@@ -80,3 +80,24 @@ def test_scraped_load_adds_other_gateways_requests() -> None:
     assert r.state.kv_utilization == 0.5
     apply_scrape(r, {"vllm:num_requests_running": 2.0})
     assert r.state.num_requests == 2  # the others finished
+
+
+def test_the_engines_kv_capacity_comes_from_vllms_cache_config_info() -> None:
+    rs = _set()  # 16-token blocks at the gateway
+    r = rs.get("h:1")
+    assert r is not None
+    text = (
+        b"# TYPE vllm:cache_config_info gauge\n"
+        b'vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0",'
+        b'num_gpu_blocks="1000"} 1.0\n'
+        b'vllm:cache_config_info{engine="1",num_gpu_blocks="500",block_size="32"} 1.0\n'
+    )
+    scraped = parse_engine_metrics(text)
+    assert scraped == {"capacity_tokens": 48_000.0}  # two data-parallel engines
+    apply_scrape(r, scraped)
+    assert r.state.capacity_blocks == 3_000  # in the gateway's blocks
+    # without the info line the capacity stays unknown (no room check), usage still counts
+    other = rs.get("h:2")
+    assert other is not None
+    apply_scrape(other, parse_engine_metrics(b'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'))
+    assert other.state.capacity_blocks == 0 and other.state.kv_utilization == 0.25

@@ -152,11 +152,13 @@ def test_cost_evict_weight_keeps_a_half_cached_prompt_off_an_idle_replica() -> N
     model = LinearTtftModel(tokens_per_s=1000.0, overhead_s=0.0)
     reps = _fleet()
     reps[1].num_requests = 2
-    # myopic: 3 x 0.384 s on r1 (its prefill delays the two running) > 1.024 s on an idle one
-    myopic = make_policy("cost", _ctx(idx, ttft_model=model)).choose(_req(ids), reps)
+    # myopic (without the holder rule, which keeps it on r1 whatever the weight):
+    # 3 x 0.384 s on r1 (its prefill delays the two running) > 1.024 s on an idle one
+    no_holder = {"affinity_share": 0.0}
+    myopic = make_policy("cost", _ctx(idx, ttft_model=model), no_holder).choose(_req(ids), reps)
     assert myopic.replica != R[1]
     # each token written evicts one a later request recomputes: r1 writes 384, the others 1024
-    policy = make_policy("cost", _ctx(idx, ttft_model=model), {"evict_weight": 1.0})
+    policy = make_policy("cost", _ctx(idx, ttft_model=model), {"evict_weight": 1.0, **no_holder})
     d = policy.choose(_req(ids), reps)
     assert d.replica == R[1]
     assert d.ttft_s == pytest.approx(0.384) and d.score == pytest.approx(3 * 0.384 + 0.384)
