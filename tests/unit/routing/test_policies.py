@@ -206,6 +206,26 @@ def test_cost_spreads_a_hot_prefix_over_rendezvous_replicas() -> None:
     assert policy._inflight_full == {}  # type: ignore[attr-defined]
 
 
+def test_cost_spreads_a_hot_prefix_its_one_holder_would_keep() -> None:
+    # the holder rule does not keep a hot prefix on its one holder: once the holder takes its
+    # share of the prefix's requests in flight, the rest go to the other replicas of its
+    # rendezvous set, before any copy shows in the index
+    idx = GlobalPrefixIndex()
+    ids = list(range(20))
+    policy = make_policy("cost", _ctx(idx), {"epsilon": 10.0})
+    reps = _fleet()
+    home = policy.choose(_req(ids), reps).replica  # where chash puts it cold
+    idx.add(home, prompt(ids))
+    chosen = []
+    for _ in range(12):
+        d = policy.choose(_req(ids), reps)
+        policy.on_dispatch(_req(ids), d)
+        reps[R.index(d.replica)].num_requests += 1
+        chosen.append(d.replica)
+    assert len(set(chosen)) == 4, chosen
+    assert chosen.count(home) <= 4, chosen
+
+
 def test_cost_keeps_a_session_where_its_history_is_while_spreading_its_system_prompt() -> None:
     idx = GlobalPrefixIndex()
     system = list(range(16))  # the hot key: 16 shared blocks
