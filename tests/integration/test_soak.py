@@ -32,11 +32,6 @@ def test_soak_30s_with_kill_and_restart(tmp_path: Path) -> None:
             "2",
             "--kill-at",
             "0.2",
-            # small engines, so the survivor's KV is full when its peer comes back: where a
-            # holder must evict, `cost` weighs the restarted engine's empty KV against it (the
-            # holder rule keeps sessions on a holder that still has room)
-            "--kv-cache-tokens",
-            "4096",
             "--json",
             str(out),
         ],
@@ -55,8 +50,7 @@ def test_soak_30s_with_kill_and_restart(tmp_path: Path) -> None:
     assert r["restarted_engine_up_at_end"], r  # re-admitted, not ejected for good
     assert r["gateway_alive_at_end"], r
     # routed to again although the survivor holds every prefix: `cost` weighs the delay a
-    # prefill adds to the survivor's requests in flight against the prefill on an engine
-    # whose KV has room (18-38 requests measured, seeds 0 and 2)
+    # prefill adds to the survivor's requests in flight (17-24 requests measured; 0 before)
     assert r["restarted_engine_served_after"] > 0, r
     # 30 s is mostly warm-up (caches filling: +14 MiB measured), so only a coarse bound here;
     # flatness is the 10-minute run's slope (docs/gateways.md)

@@ -34,7 +34,8 @@ recomputed once) in ``kvtide simulate`` on chat sessions whose fleet KV is half 
 holder rule it adds nothing (68.1% -> 68.2% over 8 seeds). It charges every replica as if
 full; the room check below is where occupancy (the index's ``held_blocks`` against the
 engine's capacity) is used.
-The holder keeps its prefix (``affinity_share``, default 0.2): when an eligible replica holds
+The holder keeps its prefix (``affinity_share``, default 0: off; 0.2 where measured below):
+when an eligible replica holds
 at least that share of the prompt's blocks, the request goes to the replica(s) holding the
 longest prefix and the cost only breaks ties among them, as long as the holder runs at most
 ``holder_slack`` (default 16) requests more than the least loaded replica. One exception,
@@ -61,7 +62,11 @@ their sessions until they run ``holder_slack`` more requests than it (decoding s
 which on a memory-bound decode cost each other little); a tighter slack gives the hits back
 (8: 67.2%, 16: 68.1%, 32 and more: 68.3%, measured before the room check). Without occupancy
 (capacities unknown, or an index store that does not count, as Redis's) there is no room
-check. ``affinity_share=0`` turns the rule off.
+check. Why it is off by default: live (docs/gateways.md, run 5) it left chat's cached ratio
+where it was (59.3%), and under two hot prefixes on engines at their batch limit it pinned
+each prefix to the one engine holding it whole (the spread set keeps any replica holding more
+than the hot key), leaving 2 of 4 engines idle beside queues in 19-21 of ~40 samples where the
+score alone leaves none (0 of 40, TTFT p99 35 ms against 158 ms).
 Guard rails, so that router replicas without a coordinator agree and no replica melts:
 - a hard bounded-load cap on work in seconds (``load="work"``, the default): with q_r the
   seconds of prefill queued at replica r (the queue term of the estimate) and s the request's
@@ -156,7 +161,7 @@ class CostAware(BasePolicy):
         provisional: bool = True,
         provisional_hold_s: float | None = None,
         evict_weight: float = 0.0,
-        affinity_share: float = 0.2,
+        affinity_share: float = 0.0,
         holder_slack: int = 16,
     ) -> None:
         super().__init__(ctx)

@@ -6,9 +6,9 @@ Both held the other way before: a queue of zero unprefilled tokens let the holde
 cached blocks however many requests it was running (bench/soak.py: the killed and restarted
 engine served 0 requests after its restart).
 
-The holder rule (``affinity_share``): a replica holding at least that share of a prompt keeps
-it until it runs ``holder_slack`` requests more than the least loaded replica; below the share,
-or past the slack, the cost decides as above."""
+The holder rule (``affinity_share``, off by default): a replica holding at least that share of
+a prompt keeps it until it runs ``holder_slack`` requests more than the least loaded replica;
+below the share, or past the slack, the cost decides as above."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def _holders_and_restarted(spec: str, sessions: int) -> tuple[list[ReplicaId], R
 
 def test_the_holder_keeps_a_prompt_it_mostly_holds_until_the_slack_is_used() -> None:
     slack = 3
-    chosen, router = _holders_and_restarted(f"cost:holder_slack={slack}", 12)
+    chosen, router = _holders_and_restarted(f"cost:affinity_share=0.2:holder_slack={slack}", 12)
     # each holder takes sessions until it runs `slack` more than the empty r2 (0), i.e. the
     # first 2 x (slack + 1) stay where the system prompt is, then r2 gets its share
     first = 2 * (slack + 1)
@@ -105,7 +105,7 @@ def test_below_the_share_the_cost_decides_as_without_the_rule() -> None:
 
 
 def test_the_holder_rule_keeps_a_conversation_on_its_replica_when_the_cost_would_move_it() -> None:
-    router, index = _router(2, "cost")
+    router, index = _router(2, "cost:affinity_share=0.2")
     history = list(range(1, 31))  # a 30-block conversation on r0
     index.add(ReplicaId("r0"), list(prompt(history)))
     busy = router.replicas[ReplicaId("r0")]
@@ -130,7 +130,7 @@ def _full_holders(capacity: int, filler_blocks: int) -> tuple[Router, GlobalPref
     index = GlobalPrefixIndex()
     ctx = RoutingContext(clock=ManualClock(), index=index, block_tokens=BT)
     replicas = [ReplicaState(ReplicaId(f"r{i}"), capacity_blocks=capacity) for i in range(2)]
-    router = Router(build_policy("cost", ctx), replicas)
+    router = Router(build_policy("cost:affinity_share=0.2", ctx), replicas)
     index.add(ReplicaId("r0"), list(prompt(list(range(1, 38)))))
     index.add(ReplicaId("r0"), list(prompt(list(range(50_000, 50_000 + filler_blocks)))))
     return router, index

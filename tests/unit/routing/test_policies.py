@@ -207,23 +207,25 @@ def test_cost_spreads_a_hot_prefix_over_rendezvous_replicas() -> None:
 
 
 def test_cost_spreads_a_hot_prefix_its_one_holder_would_keep() -> None:
-    # the holder rule does not keep a hot prefix on its one holder: once the holder takes its
-    # share of the prefix's requests in flight, the rest go to the other replicas of its
-    # rendezvous set, before any copy shows in the index
+    # requests share a 40-block prefix, each with its own question: they must not all stay on
+    # the one replica holding the prefix, although it holds more than the 16-block hot key (as
+    # a session's history would), so the spread set always keeps it; `cost:affinity_share=0.2`
+    # (the holder rule) fails this, which is why it is off by default
     idx = GlobalPrefixIndex()
-    ids = list(range(20))
+    hot = list(range(40))
     policy = make_policy("cost", _ctx(idx), {"epsilon": 10.0})
     reps = _fleet()
-    home = policy.choose(_req(ids), reps).replica  # where chash puts it cold
-    idx.add(home, prompt(ids))
+    home = policy.choose(_req(hot), reps).replica  # where chash puts it cold
+    idx.add(home, prompt(hot))
     chosen = []
-    for _ in range(12):
-        d = policy.choose(_req(ids), reps)
-        policy.on_dispatch(_req(ids), d)
+    for i in range(12):
+        req = _req([*hot, 1000 + i])
+        d = policy.choose(req, reps)
+        policy.on_dispatch(req, d)
         reps[R.index(d.replica)].num_requests += 1
         chosen.append(d.replica)
-    assert len(set(chosen)) == 4, chosen
-    assert chosen.count(home) <= 4, chosen
+    assert len(set(chosen)) >= 3, chosen
+    assert chosen.count(home) <= 6, chosen
 
 
 def test_cost_keeps_a_session_where_its_history_is_while_spreading_its_system_prompt() -> None:
