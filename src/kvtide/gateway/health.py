@@ -28,8 +28,8 @@ _SAMPLE = re.compile(
     rb"(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)",
     re.MULTILINE,
 )
-_GPU_BLOCKS = re.compile(rb'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.MULTILINE)
-_BLOCK_SIZE = re.compile(rb'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.MULTILINE)
+_CACHE_INFO = re.compile(rb"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
+_CACHE_LABEL = re.compile(rb'\b(num_gpu_blocks|block_size)="(\d+)"')
 CAPACITY = "capacity_tokens"
 """The engine's device KV in tokens, from vLLM's ``cache_config_info`` (num_gpu_blocks x
 block_size; summed over engines, as the gauges): what the router compares the blocks the
@@ -47,10 +47,14 @@ def parse_engine_metrics(text: bytes) -> dict[str, float]:
             continue
         if value == value:  # NaN
             out[name] = out.get(name, 0.0) + value
-    sizes = _BLOCK_SIZE.findall(text)
-    blocks = _GPU_BLOCKS.findall(text)
-    if blocks and len(sizes) == len(blocks):
-        out[CAPACITY] = float(sum(int(b) * int(s) for b, s in zip(blocks, sizes, strict=True)))
+    capacity = 0
+    for m in _CACHE_INFO.finditer(text):  # one line per engine, both labels from that line
+        labels = dict(_CACHE_LABEL.findall(m.group(1)))
+        if len(labels) < 2:
+            return out  # an engine whose capacity is not given: the total is unknown
+        capacity += int(labels[b"num_gpu_blocks"]) * int(labels[b"block_size"])
+    if capacity:
+        out[CAPACITY] = float(capacity)
     return out
 
 
