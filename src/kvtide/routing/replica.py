@@ -16,10 +16,10 @@ class ReplicaState:
     ``num_requests``: requests dispatched and not completed (the load that bounded-load hashing
     caps). ``queued_prefill_tokens``: prompt tokens still to prefill (uncached part as predicted
     at dispatch). ``decode_sequences`` / ``decode_tokens``: running sequences and their context
-    tokens (the KV they keep busy). ``kv_used_blocks`` / ``capacity_blocks``: KV occupancy
-    (``capacity_blocks`` 0: unknown); ``kv_usage``: the engine's own reported fraction (a
-    scraped ``vllm:kv_cache_usage_perc``), which wins where set; when the caller knows none,
-    utilisation is estimated from the decode tokens.
+    tokens (the KV they keep busy). ``capacity_blocks``: the device KV (0: unknown);
+    ``kv_usage``: the engine's own reported fraction in use (a scraped
+    ``vllm:kv_cache_usage_perc``); where it is not set, utilisation is estimated from the
+    decode tokens against the capacity.
     """
 
     __slots__ = (
@@ -29,7 +29,6 @@ class ReplicaState:
         "decode_tokens",
         "healthy",
         "kv_usage",
-        "kv_used_blocks",
         "num_requests",
         "queued_prefill_tokens",
         "replica_id",
@@ -51,7 +50,6 @@ class ReplicaState:
         self.queued_prefill_tokens = 0
         self.decode_sequences = 0
         self.decode_tokens = 0
-        self.kv_used_blocks: int | None = None
         self.kv_usage: float | None = None
 
     @property
@@ -61,10 +59,7 @@ class ReplicaState:
             return min(max(self.kv_usage, 0.0), 1.0)
         if self.capacity_blocks <= 0:
             return 0.0
-        used = self.kv_used_blocks
-        if used is None:
-            used = -(-self.decode_tokens // self.block_tokens)
-        return min(used / self.capacity_blocks, 1.0)
+        return min(self.decode_blocks / self.capacity_blocks, 1.0)
 
     @property
     def decode_blocks(self) -> int:
