@@ -35,10 +35,10 @@ holder rule it adds nothing (68.1% -> 68.2% over 8 seeds). It charges every repl
 full; the room check below is where occupancy (the index's ``held_blocks`` against the
 engine's capacity) is used.
 The holder keeps its prefix (``affinity_share``, default 0: off; 0.2 where measured below):
-when an eligible replica holds
-at least that share of the prompt's blocks, the request goes to the replica(s) holding the
-longest prefix and the cost only breaks ties among them, as long as the holder runs at most
-``holder_slack`` (default 16) requests more than the least loaded replica. One exception,
+when an eligible replica holds at least that share of the prompt's blocks, the request goes to
+the replica(s) holding the longest prefix and the cost only breaks ties among them, as long as
+the holder runs at most ``holder_slack`` (default 16) requests more than the least loaded
+replica. One exception,
 room: where the holders' device KV is full (the index's ``held_blocks`` against
 ``ReplicaState.capacity_blocks``, which a gateway reads from vLLM's ``cache_config_info``) and
 another eligible replica has room for the whole prompt, that replica copies it without
@@ -250,7 +250,7 @@ class CostAware(BasePolicy):
         """Where the holders must evict to take the prompt's new blocks: the eligible
         non-holders whose device KV has room for all of it, which copy it without evicting
         anything (an engine restarted empty); the cost then weighs them against the holders.
-        None where a holder has room too, or the capacities or the index's counts are unknown."""
+        Empty where a holder has room too, or the capacities or the index's counts are unknown."""
         held = self._held
         if held is None:
             return []
