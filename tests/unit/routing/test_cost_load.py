@@ -31,12 +31,11 @@ PREAMBLE = 99_999
 """One block every prompt starts with (the template's default system prompt)."""
 
 
-def _router(n: int, spec: str = "cost") -> tuple[Router, GlobalPrefixIndex]:
+def _router(n: int, spec: str = "cost", capacity: int = 0) -> tuple[Router, GlobalPrefixIndex]:
     index = GlobalPrefixIndex()
     ctx = RoutingContext(clock=ManualClock(), index=index, block_tokens=BT)
-    return Router(
-        build_policy(spec, ctx), [ReplicaState(ReplicaId(f"r{i}")) for i in range(n)]
-    ), index
+    replicas = [ReplicaState(ReplicaId(f"r{i}"), capacity_blocks=capacity) for i in range(n)]
+    return Router(build_policy(spec, ctx), replicas), index
 
 
 def _decoding(router: Router, index: GlobalPrefixIndex, ids: list[int]) -> ReplicaId:
@@ -58,21 +57,6 @@ def test_a_block_every_prompt_shares_does_not_herd_new_sessions_onto_one_replica
     assert max(chosen.count(r) for r in set(chosen)) == 2
 
 
-def test_a_restarted_empty_replica_gets_requests_once_the_holders_run_several() -> None:
-    # the cost alone (no holder rule): r2 takes over after a few
-    router, index = _router(3, "cost:affinity_share=0")
-    system = list(range(1, 38))  # a 37-block system prompt, held by r0 and r1
-    for r in ("r0", "r1"):
-        index.add(ReplicaId(r), list(prompt(system)))
-    chosen = [
-        _decoding(router, index, [*system, *range(1000 * s, 1000 * s + 7)]) for s in range(1, 9)
-    ]
-    # the first go where the system prompt is; r2 (restarted, empty) takes over once both
-    # holders run enough that a 7-block prefill there delays more than r2's 44-block one
-    assert chosen[:2] != ["r2", "r2"] and "r2" in chosen, chosen
-    assert router.replicas[ReplicaId("r2")].num_requests >= 2
-
-
 def _holders_and_restarted(spec: str, sessions: int) -> tuple[list[ReplicaId], Router]:
     router, index = _router(3, spec)
     system = list(range(1, 38))  # a 37-block system prompt, held by r0 and r1; r2 is empty
@@ -83,6 +67,15 @@ def _holders_and_restarted(spec: str, sessions: int) -> tuple[list[ReplicaId], R
         for s in range(1, sessions + 1)
     ]
     return chosen, router
+
+
+def test_a_restarted_empty_replica_gets_requests_once_the_holders_run_several() -> None:
+    # the cost alone (no holder rule): r2 takes over after a few
+    chosen, router = _holders_and_restarted("cost:affinity_share=0", 8)
+    # the first go where the system prompt is; r2 (restarted, empty) takes over once both
+    # holders run enough that a 7-block prefill there delays more than r2's 44-block one
+    assert chosen[:2] != ["r2", "r2"] and "r2" in chosen, chosen
+    assert router.replicas[ReplicaId("r2")].num_requests >= 2
 
 
 def test_the_holder_keeps_a_prompt_it_mostly_holds_until_the_slack_is_used() -> None:
@@ -127,10 +120,7 @@ def test_bad_holder_options_are_config_errors() -> None:
 def _full_holders(capacity: int, filler_blocks: int) -> tuple[Router, GlobalPrefixIndex]:
     """r0 holds a 37-block system prompt and ``filler_blocks`` of other prefixes, out of
     ``capacity`` blocks; r1 (restarted) holds nothing."""
-    index = GlobalPrefixIndex()
-    ctx = RoutingContext(clock=ManualClock(), index=index, block_tokens=BT)
-    replicas = [ReplicaState(ReplicaId(f"r{i}"), capacity_blocks=capacity) for i in range(2)]
-    router = Router(build_policy("cost:affinity_share=0.2", ctx), replicas)
+    router, index = _router(2, "cost:affinity_share=0.2", capacity)
     index.add(ReplicaId("r0"), list(prompt(list(range(1, 38)))))
     index.add(ReplicaId("r0"), list(prompt(list(range(50_000, 50_000 + filler_blocks)))))
     return router, index
