@@ -20,7 +20,9 @@ skipped):
    and the LRU cache that serves 90% of its reuse, ``kvtide.workloads.stats``), and their
    ``--speedup`` makes its prefill with no hit ``--load`` of the fleet's capacity; printed as
    "sizing". Each gateway gets freshly restarted engines (cold caches) and the same
-   requests; ``--workloads`` picks chat, mooncake or both.
+   requests; ``--workloads`` picks chat, mooncake or both. ``--repeat N`` runs every gateway
+   N times, in rounds (all gateways, then all again), and prints medians; the JSON keeps each
+   run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with options beside.
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
@@ -75,8 +77,9 @@ MODEL = "emu"
 IDLE_S = 3.0
 KVTIDE = "kvtide cost"
 KVTIDE_TEXT = "kvtide cost (text mode)"
-# `cost` with its eviction term (routing/cost.py), token mode: run only when named in --only
-KVTIDE_EVICT = "kvtide cost:evict_weight=1"
+# `cost` with options, token mode (``kvtide cost:evict_weight=1``, routing/cost.py): run only
+# when named in --only
+KVTIDE_VARIANT = "kvtide cost:"
 # name -> (module, policy, log level): started by module (sglang-router and smg both install an
 # `smg` script), --host 127.0.0.1, distinct --prometheus-ports (PEERS.md)
 PEERS: dict[str, tuple[str, str, str]] = {
@@ -100,7 +103,11 @@ BLOCK_TOKENS = 16  # the engines' KV block
 
 def git_rev() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            cwd=Path(__file__).resolve().parent,  # the repo's, wherever the bench runs from
+        )
         return out.stdout.decode().strip() or "unknown"
     except OSError:
         return "unknown"
@@ -151,9 +158,9 @@ class Front:
 def start_front(
     name: str, group: ProcessGroup, engines: Sequence[Engine], peers_python: Path
 ) -> Front:
-    if name in (KVTIDE, KVTIDE_TEXT, KVTIDE_EVICT):
+    if name in (KVTIDE, KVTIDE_TEXT) or name.startswith(KVTIDE_VARIANT):
         extra = [] if name == KVTIDE_TEXT else ["--tokenizer", "smollm2"]
-        policy = name.removeprefix("kvtide ") if name == KVTIDE_EVICT else "cost"
+        policy = name.removeprefix("kvtide ") if name.startswith(KVTIDE_VARIANT) else "cost"
         gw = start_gateway(group, engines, policy, extra)
         wait_routable(gw.url, gw.process)  # the tokenizer loads on first use: not measured
         return Front(name, gw.url, gw.process)
@@ -249,6 +256,28 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cached_token_ratio": sum(r["cached_tokens"] for r in used) / prompt if prompt else None,
         "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
     }
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One gateway's runs as one row: the median of each number (requests and errors summed),
+    the runs themselves under ``runs`` when there are several."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def med(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return float(np.median(known)) if known else None
+
+    out: dict[str, Any] = {
+        "requests": sum(r["requests"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "cached_token_ratio": med([r["cached_token_ratio"] for r in runs]),
+        "ttft_s": {q: med([r["ttft_s"][q] for r in runs]) for q in ("p50", "p99")},
+    }
+    for key in ("cpu_us_per_request", "idle_cpu_ms_per_s", "cpu_us_per_request_less_idle"):
+        out[key] = med([r[key] for r in runs])
+    out["runs"] = runs
+    return out
 
 
 # --- phase 1: the workloads ----------------------------------------------------------------
@@ -569,6 +598,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--phases", default="workloads,overhead,hot")
     p.add_argument("--workloads", default="chat,mooncake", help="of the workloads phase")
     p.add_argument("--only", help="comma-separated gateway names to run (default all)")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="workload runs per gateway, in rounds (medians)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, dest="json_path")
     args = p.parse_args(argv)
@@ -587,19 +619,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows = results["workloads"][wname] = {}
                 results.setdefault("sizing", {})[wname] = wp.sizing
                 print(f"  {wname} sizing {json.dumps(wp.sizing)}", flush=True)
-                for k, name in enumerate([*fronts[:1], KVTIDE_TEXT, KVTIDE_EVICT, *fronts[1:]]):
-                    chosen = args.only.split(",") if args.only else []
-                    if (chosen or name == KVTIDE_EVICT) and name not in chosen:
-                        continue
-                    # fresh engines for each gateway: the built-in workload is token ids, so
-                    # the same text every run, and a warm cache would favour later gateways
-                    restart_engines(engines, wp.engine_args)
-                    front = start_front(name, group, engines, python)
-                    try:
-                        rows[name] = run_workload(front, wp.workload, wp.plan, args.seed + 1 + k)
-                    finally:
-                        stop_front(front, group)
-                    print(f"  {wname:<9} {name:<28} {json.dumps(rows[name])}", flush=True)
+                chosen = args.only.split(",") if args.only else []
+                variants = [n for n in chosen if n.startswith(KVTIDE_VARIANT)]
+                names = [*fronts[:1], KVTIDE_TEXT, *variants, *fronts[1:]]
+                names = [n for n in names if not chosen or n in chosen]
+                runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+                # rounds of every gateway (drift on a shared machine spreads over all of
+                # them); within a round every gateway gets the same text (one seed)
+                for round_ in range(args.repeat):
+                    for name in names:
+                        # fresh engines for each run: a warm cache would favour later gateways
+                        restart_engines(engines, wp.engine_args)
+                        front = start_front(name, group, engines, python)
+                        try:
+                            row = run_workload(front, wp.workload, wp.plan, args.seed + 1 + round_)
+                        finally:
+                            stop_front(front, group)
+                        runs[name].append(row)
+                        print(f"  {wname:<9} {name:<28} {json.dumps(row)}", flush=True)
+                for name in names:
+                    rows[name] = median_row(runs[name])
                 print_workload(wname, rows)
         if "overhead" in phases:
             restart_engines(engines, [*base, "--speedup", "100000"])
@@ -653,6 +692,14 @@ def print_workload(name: str, rows: dict[str, Any]) -> None:
             f"{_ms(t['p99']):>9}{r['cpu_us_per_request']:>11.0f}"
             f"{r['idle_cpu_ms_per_s']:>10.1f}{r['cpu_us_per_request_less_idle']:>10.0f}{ratio}"
         )
+    for gw, r in rows.items():
+        if "runs" in r:  # medians above: each run's numbers, in round order
+            each = ", ".join(
+                f"{x['cached_token_ratio'] or 0:.1%} {_ms(x['ttft_s']['p50']).strip()}/"
+                f"{_ms(x['ttft_s']['p99']).strip()}"
+                for x in r["runs"]
+            )
+            print(f"    {gw} runs (cached, TTFT p50/p99 ms): {each}")
 
 
 def print_overhead(rows: dict[str, Any]) -> None:

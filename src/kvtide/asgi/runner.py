@@ -24,6 +24,12 @@ from kvtide.errors import ConfigError, KvtideError
 log = logging.getLogger("kvtide.asgi")
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+KEEP_ALIVE_S = 75
+"""Seconds an idle keep-alive connection stays open (uvicorn's default is 5). A server must
+keep one open longer than its clients do, or a client reusing it as the server closes it loses
+the request mid-write (aiohttp keeps 15 s, httpx and so the openai client 5 s, cloud load
+balancers 60 s; nginx's own default is 75): with 5 s, 1 of 916 Mooncake requests through the
+gateway failed so in bench/gateways.py."""
 HttpServer = Literal["granian", "uvicorn"]
 HTTP_SERVERS: tuple[HttpServer, ...] = ("granian", "uvicorn")
 
@@ -141,6 +147,7 @@ class AsgiServer:
             date_header=False,
             backlog=self.backlog,
             timeout_graceful_shutdown=int(self.drain_s) + 1,  # ours cancels at drain_s
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         config.load()
         server = uvicorn.Server(config)

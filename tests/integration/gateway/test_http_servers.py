@@ -4,8 +4,10 @@ away mid-stream aborts the engine's request, SIGTERM lets the stream in flight f
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
+import time
 import urllib.error
 import urllib.request
 
@@ -60,3 +62,28 @@ def test_the_gateway_serves_the_same_on_both_servers(server: str) -> None:
     finally:
         gw.stop()
         slow.stop()
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "granian"])
+def test_an_idle_keep_alive_connection_outlives_the_clients_idle_timeouts(server: str) -> None:
+    # httpx (the openai client) keeps an idle connection 5 s, aiohttp 15 s: a server closing
+    # it first races the client's next request on it (uvicorn's own default is 5 s)
+    bport, port = free_port(), free_port()
+    engine = backend(bport, "m")
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--http-server", server)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/health")
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200
+        sock = conn.sock
+        time.sleep(6.5)
+        conn.request("GET", "/health")  # http.client reconnects only if the socket is gone
+        second = conn.getresponse()
+        second.read()
+        assert second.status == 200 and conn.sock is sock
+    finally:
+        conn.close()
+        gw.stop()
+        engine.stop()
