@@ -604,6 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, dest="json_path")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat: expected at least 1 run per gateway, got {args.repeat}")
     phases = set(args.phases.split(","))
     python = peer_python(args.peers_venv)
     fronts = gateways_to_run([KVTIDE], args.peers_venv, args.only)

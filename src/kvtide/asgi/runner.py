@@ -25,11 +25,12 @@ log = logging.getLogger("kvtide.asgi")
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 KEEP_ALIVE_S = 75
-"""Seconds an idle keep-alive connection stays open (uvicorn's default is 5). A server must
-keep one open longer than its clients do, or a client reusing it as the server closes it loses
-the request mid-write (aiohttp keeps 15 s, httpx and so the openai client 5 s, cloud load
-balancers 60 s; nginx's own default is 75): with 5 s, 1 of 916 Mooncake requests through the
-gateway failed so in bench/gateways.py."""
+"""Seconds uvicorn keeps an idle keep-alive connection open (its default is 5; Granian, which
+takes no such setting, kept one past 6.5 s in the test). A server must keep one open longer
+than its clients do, or a client reusing it as the server closes it loses the request
+mid-write (aiohttp keeps 15 s, httpx and so the openai client 5 s, cloud load balancers 60 s;
+nginx's own default is 75): with 5 s, 1 of the 458 Mooncake requests of each of two runs of
+bench/gateways.py failed so."""
 HttpServer = Literal["granian", "uvicorn"]
 HTTP_SERVERS: tuple[HttpServer, ...] = ("granian", "uvicorn")
 

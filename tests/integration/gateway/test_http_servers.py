@@ -1,6 +1,7 @@
 """Both HTTP servers under the gateway's ASGI app (`--http-server uvicorn|granian`): answers
 streamed and not, an unknown route and a wrong method as OpenAI errors, a client that goes
-away mid-stream aborts the engine's request, SIGTERM lets the stream in flight finish."""
+away mid-stream aborts the engine's request, SIGTERM lets the stream in flight finish, an idle
+keep-alive connection outlives the usual clients' idle timeouts."""
 
 from __future__ import annotations
 
