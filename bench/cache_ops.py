@@ -33,6 +33,7 @@ from kvtide import __version__ as kvtide_version
 from kvtide.core.hashing import expand_block_ids
 from kvtide.errors import KvtideError
 from kvtide.workloads.mooncake import read_mooncake
+from revision import git_rev
 
 HERE = Path(__file__).resolve().parent
 PEER_PYTHON = Path("/work/venvs/peerlibs/bin/python")
@@ -80,22 +81,6 @@ def run_worker(system: str, python: Path, data: Path, capacities: str, runs: int
         return {"system": system, "error": f"worker failed (exit {proc.returncode})"}
     result: dict[str, Any] = json.loads(out.read_text())
     return result
-
-
-def git_rev() -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    dirty = subprocess.run(
-        ["git", "-C", str(HERE), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return (proc.stdout.strip() or "?") + ("+dirty" if dirty else "")
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

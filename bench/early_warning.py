@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import pickle
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,19 +40,10 @@ from kvtide.errors import KvtideError
 from kvtide.sim.scenario import Scenario, prepare, run
 from kvtide.sim.telemetry import PoolShrink, TelemetryResult
 from kvtide.telemetry.detector import DetectorConfig, EarlyWarning
+from revision import git_rev
 
 DEGRADED = 1.2
 HOLD_TICKS = 2
-
-
-def git_rev() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def degraded_at(steady: TelemetryResult, shrunk: TelemetryResult, after_s: float) -> float | None:

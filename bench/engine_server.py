@@ -20,11 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from bench.http_stack import free_port, measure
+
+from revision import git_rev
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = b'{"model":"emu","prompt":"Tell me about the tide.","max_tokens":16,"stream":true}'
@@ -95,14 +96,8 @@ def real_ttft(runs: int) -> None:
             colds.append(ttft(prefix + turns[:32]))
             warms.append(ttft(prefix + turns[32:64]))
     cold, warm = statistics.median(colds), statistics.median(warms)
-    print(f"# real_ttft: SmolLM2-135M, 1,024-token prompt, median of {runs}, rev {_rev()}")
+    print(f"# real_ttft: SmolLM2-135M, 1,024-token prompt, median of {runs}, rev {git_rev()}")
     print(f"cold {cold:.3f} s  hit {warm:.3f} s  cold/hit {cold / warm:.1f}x")
-
-
-def _rev() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
 
 
 def main() -> None:
@@ -117,7 +112,7 @@ def main() -> None:
     if args.real_ttft:
         real_ttft(args.runs)
         return
-    rev = _rev()
+    rev = git_rev()
     print(
         f"# engine_server: 16 streamed tokens/request, concurrency {args.concurrency}, "
         f"speedup {args.speedup:g}, {args.seconds}s x {args.runs} runs, {os.cpu_count()} cores, "

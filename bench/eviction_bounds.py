@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import subprocess
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -34,6 +33,7 @@ from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.oracle import Oracle
 from kvtide.quantities import flag, items, tokens
+from revision import git_rev
 
 
 def lru_with_perfect_admission(data: Prepared, oracle: Oracle, capacity_tokens: int) -> float:
@@ -134,9 +134,7 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int)
     args = parser.parse_args()
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    rev = git_rev()
     print(f"trace={args.trace} block_tokens={args.block_tokens} requests={args.requests} rev={rev}")
     data = prepare(
         str(args.trace),

@@ -34,6 +34,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from revision import git_rev
+
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
 BODY = json.dumps(
     {
@@ -319,9 +321,9 @@ def main() -> None:
     if args.serve_bare:
         server, client, port, upstream = args.serve_bare
         return serve_bare_proxy(server, client, int(port), upstream)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    rev = git_rev()
     print(
-        f"gateway_cpu: rev {rev.stdout.strip()} requests {args.requests} concurrency "
+        f"gateway_cpu: rev {rev} requests {args.requests} concurrency "
         f"{args.concurrency} prompt {args.prompt_chars} chars (unique {args.unique_prompts}) "
         f"stream {args.stream} "
         f"policy {args.policy} tokenizer {args.tokenizer} runs {args.runs}"
@@ -385,7 +387,7 @@ def main() -> None:
         if args.json:
             out = {
                 "config": vars(args),
-                "rev": rev.stdout.strip(),
+                "rev": rev,
                 "loadavg": os.getloadavg(),
                 "median": med,
                 "runs": results,

@@ -16,7 +16,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import orjson
 from kvtide.gateway.app import Gateway
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec
 from kvtide.routing import RouteRequest
+from revision import git_rev
 
 WORDS = [
     "the",
@@ -147,8 +147,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json")
     args = p.parse_args()
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    print(f"gateway_logic: rev {rev.stdout.strip()} {vars(args)}")
+    rev = git_rev()
+    print(f"gateway_logic: rev {rev} {vars(args)}")
     if args.tokenizer:
         res = token_mode(args)
         print(

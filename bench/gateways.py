@@ -72,6 +72,7 @@ from kvtide.routing.ttft import default_ttft_model
 from kvtide.text import smollm2
 from kvtide.workloads import open_workload
 from kvtide.workloads.stats import lru_reuse_tokens, peak_reused_tokens, stats
+from revision import git_rev
 
 MODEL = "emu"
 IDLE_S = 3.0
@@ -99,18 +100,6 @@ SMALL_CHAT = (
     "user_tokens=150,output_tokens=16,think_s={t},max_prompt_tokens=6000"
 )
 BLOCK_TOKENS = 16  # the engines' KV block
-
-
-def git_rev() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            cwd=Path(__file__).resolve().parent,  # the repo's, wherever the bench runs from
-        )
-        return out.stdout.decode().strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def peer_python(peers_venv: Path) -> Path:
@@ -369,7 +358,11 @@ def workload_plans(args: argparse.Namespace) -> dict[str, Plan]:
     return plans
 
 
-def run_workload(front: Front, workload: Any, plan: list[Any], seed: int) -> dict[str, Any]:
+def run_workload(
+    front: Front, workload: Any, plan: list[Any], seed: int, rows_path: Path | None = None
+) -> dict[str, Any]:
+    """One run of ``plan`` through ``front``: its summary; with ``rows_path`` the load
+    generator's per-request rows are written there too (JSON), for analysis by phase."""
     assert front.url is not None
     config = LoadConfig(url=front.url, model=MODEL, seed=seed, timeout_s=120.0)
     # what the gateway burns with no request (health checks, scrapes, event intake), so that
@@ -380,6 +373,8 @@ def run_workload(front: Front, workload: Any, plan: list[Any], seed: int) -> dic
     cpu0, t0 = front.cpu_s(), time.monotonic()
     report = asyncio.run(run_load(config, workload, smollm2(), None, plan))
     cpu = front.cpu_s() - cpu0
+    if rows_path is not None:
+        rows_path.write_text(json.dumps(report["requests"]) + "\n")
     out = summarize_rows(report["requests"])
     wall = time.monotonic() - t0
     out["cpu_us_per_request"] = cpu / max(1, out["requests"]) * 1e6
@@ -603,9 +598,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, dest="json_path")
+    p.add_argument(
+        "--rows",
+        type=Path,
+        dest="rows_dir",
+        help="directory for each workload run's per-request rows (WORKLOAD-GATEWAY-ROUND.json)",
+    )
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat: expected at least 1 run per gateway, got {args.repeat}")
+    if args.rows_dir is not None:
+        try:
+            args.rows_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"--rows: cannot make directory {args.rows_dir}: {e.strerror}")
     phases = set(args.phases.split(","))
     python = peer_python(args.peers_venv)
     fronts = gateways_to_run([KVTIDE], args.peers_venv, args.only)
@@ -634,7 +640,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         restart_engines(engines, wp.engine_args)
                         front = start_front(name, group, engines, python)
                         try:
-                            row = run_workload(front, wp.workload, wp.plan, args.seed + 1 + round_)
+                            rows_path = None
+                            if args.rows_dir is not None:
+                                slug = "".join(c if c.isalnum() else "_" for c in name)
+                                rows_path = args.rows_dir / f"{wname}-{slug}-{round_}.json"
+                            row = run_workload(
+                                front, wp.workload, wp.plan, args.seed + 1 + round_, rows_path
+                            )
                         finally:
                             stop_front(front, group)
                         runs[name].append(row)

@@ -26,7 +26,6 @@ import functools
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from kvtide.costs.calibration import (
 from kvtide.costs.cost_model import Coefficients, CostModel
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelSpec, gpu_preset
 from kvtide.types import Tier
+from revision import git_rev
 
 MIB = 1 << 20
 # A layer stack small enough for a CPU smoke run, shaped like Llama (GQA, SwiGLU).
@@ -380,20 +380,6 @@ def write_outputs(out_dir: Path, report: dict[str, Any], calibration: Calibratio
     return [report_path, calibration_path]
 
 
-def git_revision() -> str:
-    try:
-        completed = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return completed.stdout.strip()
-
-
 # --- measuring with torch -----------------------------------------------------------------
 
 
@@ -689,7 +675,7 @@ def run(config: BenchConfig) -> tuple[dict[str, Any], Calibration]:
     else:
         gpu = CPU_SMOKE_GPU
     _say(
-        f"gpu_tiers: rev {git_revision()}, torch {runner.torch.__version__}, "
+        f"gpu_tiers: rev {git_rev()}, torch {runner.torch.__version__}, "
         f"device {runner.device_name!r} (predicting for preset {gpu.name}), "
         f"stack {spec.name} x {spec.num_layers} layers, seed {config.seed}, "
         f"{config.repeats} runs per point (median), attention path {runner.attention_path}"
@@ -717,7 +703,7 @@ def run(config: BenchConfig) -> tuple[dict[str, Any], Calibration]:
     )
     return {
         "config": {k: _jsonable(v) for k, v in dataclasses.asdict(config).items()},
-        "git_revision": git_revision(),
+        "git_revision": git_rev(),
         "torch": runner.torch.__version__,
         "device": runner.device_name,
         "gpu_preset": gpu.name,

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from revision import git_rev
+
 PEER_PYTHON = Path("/work/venvs/peerlibs/bin/python")
 SEED = 0
 
@@ -146,14 +147,9 @@ def main() -> int:
     from kvtide import __version__
 
     tokens = make_tokens(args.tokens)
-    rev = subprocess.run(
-        ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    rev = git_rev()
     print(
-        f"hashing  git {rev or '?'}  kvtide {__version__}  python {platform.python_version()}"
+        f"hashing  git {rev}  kvtide {__version__}  python {platform.python_version()}"
         f"  {args.tokens} tokens ({args.tokens // args.block_tokens} blocks of"
         f" {args.block_tokens})  seed {SEED}  runs {args.runs} (median, CPU time)"
     )

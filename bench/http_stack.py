@@ -21,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from revision import git_rev
+
 CHUNK = b'data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" x"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
 NUM_CHUNKS = 16
@@ -273,9 +275,7 @@ def main() -> None:
         }
         serve[args.serve](args.port)
         return
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    rev = git_rev()
     print(
         f"# http_stack: {NUM_CHUNKS} SSE chunks/request, concurrency {args.concurrency}, "
         f"{args.seconds}s x {args.runs} runs, {os.cpu_count()} cores, rev {rev}"

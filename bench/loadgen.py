@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import socket
 import statistics
-import subprocess
 import time
 from typing import Any
 
@@ -26,6 +25,7 @@ import openai
 from aiohttp import web
 
 from kvtide.loadgen.client import stream
+from revision import git_rev
 
 
 def serve(port: int, tokens: int) -> None:
@@ -135,9 +135,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     BODY["max_tokens"] = args.tokens
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    rev = git_rev()
     print(
         f"git {rev}  requests {args.requests}  concurrency {args.concurrency}  "
         f"tokens {args.tokens}  runs {args.runs}"

@@ -21,12 +21,12 @@ paper's within +-25%.
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.sim.parallel import run_many
 from kvtide.sim.scenario import Scenario
+from revision import git_rev
 
 PAPER_S = {"random": 19.65, "load-balancing": 5.27, "local cache-aware": 3.58,
            "global cache-aware": 3.07}  # fmt: skip
@@ -36,16 +36,6 @@ RATIOS = (
     ("local / global", "local cache-aware", "global cache-aware"),
 )
 TOLERANCE = 0.25
-
-
-def git_rev() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def scenarios(args: argparse.Namespace, load: float) -> dict[str, Scenario]:

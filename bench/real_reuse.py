@@ -20,7 +20,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +43,7 @@ from kvtide.tensors.paged_kv import PagedKV
 from kvtide.tensors.runner import PagedRunner, PrefillStats
 from kvtide.text import Tokenizer, find_smollm2_gguf
 from kvtide.types import BlockHash, Tier
+from revision import git_rev
 
 SCENARIOS = ("cold", "device", "host", "disk")
 PARAGRAPH = (
@@ -358,11 +358,9 @@ def main() -> None:
             parser.error(f"length {n}: minus the suffix it must be a positive number of blocks")
     os.nice(10)  # 2 shared cores: be polite
     torch.set_num_threads(args.threads)
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    rev = git_rev()
     print(
-        f"git {rev or '?'}  torch {torch.__version__}  threads {args.threads}  runs {args.runs} "
+        f"git {rev}  torch {torch.__version__}  threads {args.threads}  runs {args.runs} "
         f"(median)  suffix {args.suffix_tokens} tokens  seed 0  cpus {os.cpu_count()}"
     )
     start = time.perf_counter()

@@ -21,7 +21,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -42,6 +41,7 @@ from kvtide.routing import (
     make_policy,
 )
 from kvtide.types import ReplicaId
+from revision import git_rev
 
 BLOCK_TOKENS = 16
 
@@ -168,19 +168,6 @@ def time_calls(fn, requests: list[RouteRequest], repeats: int) -> dict[str, floa
         )
     keys = ("p50_us", "p99_us", "decisions_per_s", "cpu_p50_us", "cpu_p99_us")
     return {k: statistics.median(r[i] for r in runs) for i, k in enumerate(keys)}
-
-
-def git_rev() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run(n: int, args: argparse.Namespace) -> dict[str, object]:

@@ -19,7 +19,6 @@ import heapq
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from kvtide.routing.router import Router
 from kvtide.routing.ttft import default_ttft_model
 from kvtide.types import Request
 from kvtide.workloads.registry import open_workload
+from revision import git_rev
 
 
 def run(
@@ -130,12 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-    ).stdout.strip()
+    rev = git_rev()
     print(
         f"route_faults: workload={args.workload} requests={args.requests} replicas={args.replicas} "
         f"block_tokens={args.block_tokens} capacity_blocks={args.capacity_blocks} "

@@ -13,25 +13,15 @@ disaggregated prefill pool with 1M GPU and 4M host KV tokens per instance.
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.sim.parallel import run_many
 from kvtide.sim.scenario import Scenario
+from revision import git_rev
 
 LOAD_ONLY = ("round_robin", "least_load", "random")
 PEERS = ("peer_sglang", "peer_dynamo", "peer_llmd", "peer_preble")
-
-
-def git_rev() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

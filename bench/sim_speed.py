@@ -14,25 +14,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 from kvtide.engine.scheduler import EngineConfig
 from kvtide.sim.scenario import Scenario, prepare, run
+from revision import git_rev
 
 TARGET_WALL_S = 60.0
 TARGET_SPEEDUP = 60.0
-
-
-def git_rev() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def timed(scenario: Scenario, runs: int) -> tuple[float, float, int]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 import urllib.request
@@ -38,6 +37,7 @@ from kvtide.gateway.config import GatewayConfig
 from kvtide.loadgen import LoadConfig, run_load, schedule
 from kvtide.text import smollm2
 from kvtide.workloads import open_workload
+from revision import git_rev
 
 MODEL = "emu"
 
@@ -149,9 +149,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         gateway_alive = gw.process.is_alive
     result = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "rev": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
-        .stdout.decode()
-        .strip(),
+        "rev": git_rev(),
         "wall_s": wall,
         **classify(report["requests"]),
         "not_sent": report["summary"]["not_sent"],

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from kvtide.costs.cost_model import CostModel
 from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.types import Tier
 from kvtide.workloads import open_workload
+from revision import git_rev
 
 
 def tokens(text: str) -> int:
@@ -87,14 +87,12 @@ def main() -> None:
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--runs", type=int, default=1, help="timing runs (median)")
     args = parser.parse_args()
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    rev = git_rev()
     bt = args.block_tokens
     cost = CostModel(resolve_model(args.model), gpu_preset(args.gpu))
     requests = load(args.trace, bt)
     print(
-        f"git {rev or '?'}  trace {args.trace}  requests {len(requests)}  block {bt} tokens  "
+        f"git {rev}  trace {args.trace}  requests {len(requests)}  block {bt} tokens  "
         f"device {args.device_capacity}  host {args.host_capacity}  disk {args.disk_capacity} "
         f"tokens  disk admission {args.disk_admission}  policy {args.policy}  "
         f"host policy {args.host_policy or args.policy}  "

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from revision import git_rev
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
@@ -173,9 +175,7 @@ def main() -> None:
     ap.add_argument("--workload", default=Setup.workload)
     args = ap.parse_args()
     setup = Setup(workload=args.workload, requests=args.requests)
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    rev = git_rev()
     print(f"# two_clocks: {setup}, {os.cpu_count()} cores, rev {rev}")
     sim = simulate(setup)
     print(

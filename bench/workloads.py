@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from kvtide.workloads import open_workload, rows
+from revision import git_rev
 
 
 def _median_s(run: Callable[[], int], runs: int) -> tuple[float, int]:
@@ -42,11 +42,9 @@ def main() -> None:
     parser.add_argument("--builtin", action="append", default=[], metavar="SPEC")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    rev = git_rev()
     fast = rows._loads is not json.loads
-    print(f"git {rev or '?'}  runs {args.runs} (median)  orjson {'yes' if fast else 'no'}  seed 0")
+    print(f"git {rev}  runs {args.runs} (median)  orjson {'yes' if fast else 'no'}  seed 0")
     print(
         f"{'workload':32} {'requests':>9} {'kvtide s':>9} {'json s':>9} {'bare s':>9} {'req/s':>9}"
     )
