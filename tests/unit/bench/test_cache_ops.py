@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
 import subprocess
 import sys
@@ -207,7 +208,8 @@ def test_hashing_bench_without_the_peer_venv(
     assert "kvtide hash_tokens (numpy int64)" in printed
 
 
-PEER_PYTHON = Path(cache_ops.PEER_PYTHON)
+# the peer venv's interpreter, as the benchmark's --peer-python defaults to it
+PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", cache_ops.PEER_PYTHON))
 
 
 @pytest.mark.slow
