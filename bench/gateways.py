@@ -638,12 +638,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for name in names:
                         # fresh engines for each run: a warm cache would favour later gateways
                         restart_engines(engines, wp.engine_args)
+                        rows_path = None
+                        if args.rows_dir is not None:
+                            slug = "".join(c if c.isalnum() else "_" for c in name)
+                            rows_path = args.rows_dir / f"{wname}-{slug}-{round_}.json"
                         front = start_front(name, group, engines, python)
                         try:
-                            rows_path = None
-                            if args.rows_dir is not None:
-                                slug = "".join(c if c.isalnum() else "_" for c in name)
-                                rows_path = args.rows_dir / f"{wname}-{slug}-{round_}.json"
                             row = run_workload(
                                 front, wp.workload, wp.plan, args.seed + 1 + round_, rows_path
                             )

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gateways", BENCH / "gateways.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gateways"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+import gateways  # bench/gateways.py: tests/conftest.py puts bench/ on sys.path
 
 
 @pytest.mark.parametrize(
@@ -33,7 +21,6 @@ def test_bad_flags_exit_2_naming_the_flag(
 ) -> None:
     afile = tmp_path / "a-file"
     afile.write_text("")
-    gateways = _load()
     with pytest.raises(SystemExit) as exit_:
         gateways.main([a.replace("{file}", str(afile)) for a in argv])
     assert exit_.value.code == 2
