@@ -31,7 +31,9 @@ skipped):
 3. hot prefixes: every request carries one of two long system prompts, engines batch at most
    ``--hot-max-seqs`` sequences so they queue: per engine, the share of requests served, and
    the fraction of samples (every 0.2 s from the engines' /metrics) in which some engine is
-   idle while another has requests waiting.
+   idle while another has requests waiting. As the workloads: fresh engines for each run,
+   ``--repeat`` rounds, one text per round for every gateway (which replicas the two prefixes
+   hash to decides whether they share engines), the ``kvtide cost:`` variants of ``--only``.
 
 Prints its configuration and git revision, each table, and ratios against kvtide.
 """
@@ -265,6 +267,36 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     for key in ("cpu_us_per_request", "idle_cpu_ms_per_s", "cpu_us_per_request_less_idle"):
         out[key] = med([r[key] for r in runs])
+    out["runs"] = runs
+    return out
+
+
+def run_names(fronts: Sequence[str], only: str | None) -> list[str]:
+    """The gateways a phase runs, in order: kvtide, its text mode and the ``kvtide cost:``
+    variants named in ``only``, then the peers; narrowed to ``only`` when given."""
+    chosen = only.split(",") if only else []
+    variants = [n for n in chosen if n.startswith(KVTIDE_VARIANT)]
+    names = [*fronts[:1], KVTIDE_TEXT, *variants, *fronts[1:]]
+    return [n for n in names if not chosen or n in chosen]
+
+
+def summed_hot_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One gateway's hot-prefix runs as one row: requests, errors and samples summed, each
+    engine's share averaged, TTFT medians; the runs under ``runs`` when there are several."""
+    if len(runs) == 1:
+        return runs[0]
+    out: dict[str, Any] = {
+        key: sum(r[key] for r in runs)
+        for key in ("requests", "errors", "samples", "samples_with_queue")
+    }
+    out["samples_idle_while_queued"] = sum(r["samples_idle_while_queued"] for r in runs)
+    out["share_per_engine"] = [float(x) for x in np.mean([r["share_per_engine"] for r in runs], 0)]
+    out["ttft_s"] = {
+        q: float(
+            np.median([r["ttft_s"][q] for r in runs if r["ttft_s"][q] is not None] or [np.nan])
+        )
+        for q in ("p50", "p99")
+    }
     out["runs"] = runs
     return out
 
@@ -594,7 +626,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workloads", default="chat,mooncake", help="of the workloads phase")
     p.add_argument("--only", help="comma-separated gateway names to run (default all)")
     p.add_argument(
-        "--repeat", type=int, default=1, help="workload runs per gateway, in rounds (medians)"
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per gateway of the workloads and hot phases, in rounds (medians)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, dest="json_path")
@@ -627,10 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows = results["workloads"][wname] = {}
                 results.setdefault("sizing", {})[wname] = wp.sizing
                 print(f"  {wname} sizing {json.dumps(wp.sizing)}", flush=True)
-                chosen = args.only.split(",") if args.only else []
-                variants = [n for n in chosen if n.startswith(KVTIDE_VARIANT)]
-                names = [*fronts[:1], KVTIDE_TEXT, *variants, *fronts[1:]]
-                names = [n for n in names if not chosen or n in chosen]
+                names = run_names(fronts, args.only)
                 runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
                 # rounds of every gateway (drift on a shared machine spreads over all of
                 # them); within a round every gateway gets the same text (one seed)
@@ -669,18 +701,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  overhead {name:<28} {json.dumps(rows[name])}", flush=True)
             print_overhead(rows)
         if "hot" in phases:
-            restart_engines(
-                engines,
-                [*base, "--speedup", "1", "--max-num-seqs", str(args.hot_max_seqs)],
-            )
-            rows = results["hot"] = {}
-            for k, name in enumerate(fronts):
-                front = start_front(name, group, engines, python)
-                try:
-                    rows[name] = hot_run(front, engines, args, 1000 + k)
-                finally:
-                    stop_front(front, group)
-                print(f"  hot {name:<28} {json.dumps(rows[name])}", flush=True)
+            hot_args = [*base, "--speedup", "1", "--max-num-seqs", str(args.hot_max_seqs)]
+            names = run_names(fronts, args.only)
+            hot_runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+            # as the workloads: rounds, fresh engines for each run, one text per round for
+            # every gateway (where the two prefixes hash decides which engines they share)
+            for round_ in range(args.repeat):
+                for name in names:
+                    restart_engines(engines, hot_args)
+                    front = start_front(name, group, engines, python)
+                    try:
+                        row = hot_run(front, engines, args, 1000 + round_)
+                    finally:
+                        stop_front(front, group)
+                    hot_runs[name].append(row)
+                    print(f"  hot {name:<28} {json.dumps(row)}", flush=True)
+            rows = results["hot"] = {n: summed_hot_row(hot_runs[n]) for n in names}
             print_hot(rows)
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
