@@ -12,8 +12,8 @@ from kvtide.clock import ManualClock
 
 # The benchmarks in bench/ are scripts, not a package: run as `python bench/NAME.py`, they find
 # their shared helper (bench/revision.py) as `import revision` because bench/ is sys.path[0].
-# Tests load them by path or as `bench.NAME`, so bench/ goes on sys.path here too (last, so
-# that a script's name shadows no other module).
+# Tests import them by name (`import gateways`) or as `bench.NAME`, so bench/ goes on sys.path
+# here too (last, so that a script's name shadows no other module).
 BENCH = str(Path(__file__).resolve().parents[1] / "bench")
 if BENCH not in sys.path:
     sys.path.append(BENCH)

@@ -3,17 +3,20 @@ run with no peer venv (peers reported as not importable), bad input; and bench/h
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
+
+import cache_ops  # bench/*.py: tests/conftest.py puts bench/ on sys.path
+import cache_workers as workers
+import hashing
+import page_lru
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "bench"
@@ -26,21 +29,6 @@ TRACE = next(
     ),
     ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl",
 )
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-page_lru = load("page_lru")
-workers = load("cache_workers")
-cache_ops = load("cache_ops")
-hashing = load("hashing")
 
 
 def toks(*pages: int, tail: int = 0) -> list[int]:

@@ -3,29 +3,13 @@ the shrinking run warns alone, and every steady alarm judged against the roomy r
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
+import early_warning  # bench/early_warning.py: tests/conftest.py puts bench/ on sys.path
 from kvtide.sim.scenario import Scenario
 from kvtide.sim.telemetry import PoolShrink
 from kvtide.telemetry import DetectorConfig
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_measure_reports_lead_alarms_and_their_verdicts() -> None:
-    bench = load("early_warning")
     scenario = Scenario(
         workload="builtin:chat:duration_s=600,sessions=150",
         replicas=2,
@@ -34,7 +18,7 @@ def test_measure_reports_lead_alarms_and_their_verdicts() -> None:
     )
     config = DetectorConfig(fast_s=20.0, slow_s=60.0, interval_s=5.0, for_s=10.0)
     shrink = PoolShrink(start_s=150.0, every_s=20.0, step_fraction=0.1, steps=4)
-    row = bench.measure(scenario, shrink, config)
+    row = early_warning.measure(scenario, shrink, config)
     steady_times = {t for _, t, _ in row["alarms_steady"]}
     assert {t for _, t in row["false_alarms_steady"]} <= steady_times
     if row["warned_s"] is not None:

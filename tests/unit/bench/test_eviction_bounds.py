@@ -3,31 +3,15 @@ the infinite cache at large capacity, and exactly LRU when no request continues 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+import eviction_bounds as bounds  # bench/: tests/conftest.py puts it on sys.path
 from kvtide.cli.replay import Prepared, prepare, replay_one
 from kvtide.core.oracle import Oracle
-
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bounds = load("eviction_bounds")
 
 
 def trace(tmp_path: Path, rows: list[tuple[int, list[int]]], block: int = 512) -> Prepared:

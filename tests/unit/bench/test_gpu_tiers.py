@@ -4,33 +4,17 @@ real run on an NVIDIA GPU (marker gpu)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+import gpu_tiers as gt  # bench/gpu_tiers.py: tests/conftest.py puts bench/ on sys.path
 from kvtide.costs.calibration import PrefillSample, load_calibration
 from kvtide.costs.cost_model import Coefficients, CostModel
 from kvtide.costs.specs import gpu_preset, model_preset
 from kvtide.types import Tier
-
-BENCH = Path(__file__).resolve().parents[3] / "bench" / "gpu_tiers.py"
-
-
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_tiers", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_tiers"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-gt = load_bench()
 
 
 def test_the_module_imports_without_torch() -> None:
