@@ -249,16 +249,17 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def med(values: list[float | None]) -> float | None:
+    """The median of the known values; None when there are none."""
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One gateway's runs as one row: the median of each number (requests and errors summed),
     the runs themselves under ``runs`` when there are several."""
     if len(runs) == 1:
         return runs[0]
-
-    def med(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return float(np.median(known)) if known else None
-
     out: dict[str, Any] = {
         "requests": sum(r["requests"] for r in runs),
         "errors": sum(r["errors"] for r in runs),
@@ -285,18 +286,10 @@ def summed_hot_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     engine's share averaged, TTFT medians; the runs under ``runs`` when there are several."""
     if len(runs) == 1:
         return runs[0]
-    out: dict[str, Any] = {
-        key: sum(r[key] for r in runs)
-        for key in ("requests", "errors", "samples", "samples_with_queue")
-    }
-    out["samples_idle_while_queued"] = sum(r["samples_idle_while_queued"] for r in runs)
+    summed = ("requests", "errors", "samples", "samples_with_queue", "samples_idle_while_queued")
+    out: dict[str, Any] = {key: sum(r[key] for r in runs) for key in summed}
     out["share_per_engine"] = [float(x) for x in np.mean([r["share_per_engine"] for r in runs], 0)]
-    out["ttft_s"] = {
-        q: float(
-            np.median([r["ttft_s"][q] for r in runs if r["ttft_s"][q] is not None] or [np.nan])
-        )
-        for q in ("p50", "p99")
-    }
+    out["ttft_s"] = {q: med([r["ttft_s"][q] for r in runs]) for q in ("p50", "p99")}
     out["runs"] = runs
     return out
 

@@ -234,25 +234,21 @@ def test_two_hot_prefixes_whose_homes_overlap_leave_no_replica_idle() -> None:
     # fourth must still take the overflow (a fleet of 4 with one engine idle beside queues
     # was measured live: bench/gateways.py, hot phase)
     idx = GlobalPrefixIndex()
+
+    def homes(start: int) -> set[ReplicaId]:
+        return set(rendezvous_top(prefix_key(_req(list(range(start, start + 40))), 16), R, 3))
+
     # two 40-block prefixes with the same top-3 homes (searched, deterministic)
-    found = None
-    for a in range(0, 100_000, 1000):
-        pa = list(range(a, a + 40))
-        ka = prefix_key(_req(pa), 16)
-        for b in range(a + 1000, a + 20_000, 1000):
-            pb = list(range(b, b + 40))
-            kb = prefix_key(_req(pb), 16)
-            homes = set(rendezvous_top(ka, R, 3)) | set(rendezvous_top(kb, R, 3))
-            if len(homes) == 3:
-                found = pa, pb, homes
-                break
-        if found:
-            break
-    assert found is not None
-    pa, pb, homes = found
+    a, b = next(
+        (a, b)
+        for a in range(0, 100_000, 1000)
+        for b in range(a + 1000, a + 20_000, 1000)
+        if homes(a) == homes(b)
+    )
+    pa, pb = list(range(a, a + 40)), list(range(b, b + 40))
     policy = make_policy("cost", _ctx(idx), {"epsilon": 10.0})
     reps = _fleet()
-    for p, holder in zip((pa, pb), sorted(homes)[:2], strict=True):  # each held by a home
+    for p, holder in zip((pa, pb), sorted(homes(a))[:2], strict=True):  # each held by a home
         idx.add(holder, prompt(p))
     counts = dict.fromkeys(R, 0)
     for i in range(24):
@@ -261,7 +257,7 @@ def test_two_hot_prefixes_whose_homes_overlap_leave_no_replica_idle() -> None:
         policy.on_dispatch(req, d)
         reps[R.index(d.replica)].num_requests += 1
         counts[d.replica] += 1
-    (outside,) = set(R) - homes
+    (outside,) = set(R) - homes(a)
     assert counts[outside] > 0, counts
     assert max(counts.values()) - min(counts.values()) <= 3, counts
 
