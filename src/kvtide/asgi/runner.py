@@ -24,12 +24,12 @@ from kvtide.errors import ConfigError, KvtideError
 log = logging.getLogger("kvtide.asgi")
 
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
-KEEP_ALIVE_S = 75
-"""Seconds uvicorn keeps an idle keep-alive connection open (its default is 5; Granian, which
-takes no such setting, kept one past 6.5 s in the test). A server must keep one open longer
-than its clients do, or a client reusing it as the server closes it loses the request
-mid-write (aiohttp keeps 15 s, httpx and so the openai client 5 s, cloud load balancers 60 s;
-nginx's own default is 75): with 5 s, 1 of the 458 Mooncake requests of each of two runs of
+KEEP_ALIVE_S = 75.0
+"""Seconds an idle keep-alive connection stays open, on both servers (uvicorn's own default is
+5; Granian's, its header-read timeout, 30). A server must keep one open longer than its
+clients do, or a client reusing it as the server closes it loses the request mid-write
+(aiohttp keeps 15 s, httpx and so the openai client 5 s, cloud load balancers 60 s; nginx's
+own default is 75): with 5 s, 1 of the 458 Mooncake requests of each of two runs of
 bench/gateways.py failed so."""
 HttpServer = Literal["granian", "uvicorn"]
 HTTP_SERVERS: tuple[HttpServer, ...] = ("granian", "uvicorn")
@@ -61,6 +61,7 @@ class AsgiServer:
         drain_s: float = 30.0,
         backlog: int = 1024,
         http: HttpServer = "granian",
+        keep_alive_s: float = KEEP_ALIVE_S,
     ) -> None:
         self.app = app
         self.host = host
@@ -70,6 +71,7 @@ class AsgiServer:
         self.drain_s = drain_s
         self.backlog = backlog
         self.http = http
+        self.keep_alive_s = keep_alive_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
         self._stopping: asyncio.Task[None] | None = None
@@ -113,6 +115,7 @@ class AsgiServer:
     async def _serve_granian(self) -> None:
         from granian.constants import Interfaces
         from granian.errors import FatalError
+        from granian.http import HTTP1Settings
         from granian.server.embed import Server
 
         self._server = Server(
@@ -123,6 +126,9 @@ class AsgiServer:
             websockets=False,
             log_enabled=False,
             backlog=self.backlog,
+            # hyper's header-read timer also runs while a kept-alive connection waits for its
+            # next request: it is Granian's idle timeout (ms)
+            http1_settings=HTTP1Settings(header_read_timeout=round(self.keep_alive_s * 1000)),
         )
         try:
             await self._server.serve()
@@ -148,7 +154,7 @@ class AsgiServer:
             date_header=False,
             backlog=self.backlog,
             timeout_graceful_shutdown=int(self.drain_s) + 1,  # ours cancels at drain_s
-            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_keep_alive=self.keep_alive_s,  # type: ignore[arg-type]  # a float works
         )
         config.load()
         server = uvicorn.Server(config)

@@ -6,6 +6,7 @@ Every key is checked: an unknown key or a wrong type is one ``ConfigError`` nami
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,19 @@ class ReplicaSpec:
         return cls(url.rstrip("/"), model or None, opts.get("events"), opts.get("replay"))
 
 
+def _check_bounds(
+    name: str, section: object, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()
+) -> None:
+    """One ConfigError naming ``SECTION.KEY`` for the first value out of bounds: zero where a
+    count or interval must be positive, a negative size, NaN or infinity (a timeout of
+    infinity is no timeout: every outbound call must have one)."""
+    for key, low in [*((k, ">") for k in positive), *((k, ">=") for k in non_negative)]:
+        value = getattr(section, key)
+        ok = math.isfinite(value) and (value > 0 if low == ">" else value >= 0)
+        if not ok:
+            raise ConfigError(f"{name}.{key}: expected a finite number {low} 0, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_body_bytes: int = 4 * 1024 * 1024
@@ -60,6 +74,14 @@ class Limits:
     tokens_per_minute: int = 0
     """Per tenant (prompt + max_tokens, estimated); 0: unlimited."""
 
+    def __post_init__(self) -> None:
+        _check_bounds(
+            "limits",
+            self,
+            positive=("max_body_bytes", "max_prompt_chars", "max_prompt_tokens", "max_concurrency"),
+            non_negative=("tokens_per_minute",),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
@@ -69,6 +91,19 @@ class Timeouts:
     health_s: float = 2.0
     drain_s: float = 30.0
     """SIGTERM: how long in-flight requests may take to finish."""
+    keep_alive_s: float = 75.0
+    """An idle client connection is closed after this: longer than the clients' and load
+    balancers' own idle timeouts (aiohttp 15 s, httpx and so the openai client 5 s, cloud load
+    balancers 60 s by default), or a request sent on a connection as the server closes it is
+    lost mid-write. 75 s is nginx's default."""
+
+    def __post_init__(self) -> None:
+        _check_bounds(
+            "timeouts",
+            self,
+            positive=("connect_s", "read_s", "health_s", "keep_alive_s"),
+            non_negative=("drain_s",),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +117,24 @@ class Failover:
     slow_start_requests: int = 1
     """A re-admitted replica takes this many concurrent requests, doubling per success."""
     scrape_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_bounds(
+            "failover",
+            self,
+            positive=(
+                "health_interval_s",
+                "eject_after",
+                "slow_start_requests",
+                "scrape_interval_s",
+            ),
+            non_negative=("eject_s", "max_eject_s"),
+        )
+        if self.max_eject_s < self.eject_s:
+            raise ConfigError(
+                f"failover.max_eject_s: {self.max_eject_s!r} is below failover.eject_s "
+                f"{self.eject_s!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

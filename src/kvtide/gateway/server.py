@@ -298,6 +298,7 @@ async def run(config: GatewayConfig, started: Callable[[str], None] | None = Non
         on_reload=gateway.reload,
         drain_s=config.timeouts.drain_s,
         http="granian" if config.http_server == "granian" else "uvicorn",
+        keep_alive_s=config.timeouts.keep_alive_s,
     )
     announce = started or (
         lambda u: print(f"kvtide serve: listening on {u}", file=sys.stderr, flush=True)

@@ -1,16 +1,19 @@
 """Both HTTP servers under the gateway's ASGI app (`--http-server uvicorn|granian`): answers
 streamed and not, an unknown route and a wrong method as OpenAI errors, a client that goes
 away mid-stream aborts the engine's request, SIGTERM lets the stream in flight finish, an idle
-keep-alive connection outlives the usual clients' idle timeouts."""
+keep-alive connection outlives the usual clients' idle timeouts and is closed once idle for
+``timeouts.keep_alive_s``."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -86,5 +89,37 @@ def test_an_idle_keep_alive_connection_outlives_the_clients_idle_timeouts(server
         assert second.status == 200 and conn.sock is sock
     finally:
         conn.close()
+        gw.stop()
+        engine.stop()
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "granian"])
+def test_a_connection_idle_past_keep_alive_s_is_closed_by_the_server(
+    server: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "gw.yaml"
+    config.write_text("timeouts: {keep_alive_s: 1.5}\n")
+    bport, port = free_port(), free_port()
+    engine = backend(bport, "m")
+    gw = gateway(
+        port,
+        "--config",
+        str(config),
+        "--replica",
+        f"http://127.0.0.1:{bport}",
+        "--http-server",
+        server,
+    )
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            for idle_s in (0.0, 0.5):  # within keep_alive_s: the same connection answers
+                time.sleep(idle_s)
+                sock.sendall(request)
+                assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            assert sock.recv(4096) == b""  # nothing sent: the server closes it
+            assert 1.0 < time.monotonic() - started < 4.0
+    finally:
         gw.stop()
         engine.stop()
