@@ -31,7 +31,9 @@ skipped):
 3. hot prefixes: every request carries one of two long system prompts, engines batch at most
    ``--hot-max-seqs`` sequences so they queue: per engine, the share of requests served, and
    the fraction of samples (every 0.2 s from the engines' /metrics) in which some engine is
-   idle while another has requests waiting. As the workloads: fresh engines for each run,
+   idle while another has requests waiting, in all and while the requests are being sent
+   (after the last send, an engine that finished its share idles beside another's queue
+   whatever the router did). As the workloads: fresh engines for each run,
    ``--repeat`` rounds, one text per round for every gateway (which replicas the two prefixes
    hash to decides whether they share engines), the ``kvtide cost:`` variants of ``--only``.
 
@@ -286,7 +288,15 @@ def summed_hot_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     engine's share averaged, TTFT medians; the runs under ``runs`` when there are several."""
     if len(runs) == 1:
         return runs[0]
-    summed = ("requests", "errors", "samples", "samples_with_queue", "samples_idle_while_queued")
+    summed = (
+        "requests",
+        "errors",
+        "samples",
+        "samples_sending",
+        "samples_with_queue",
+        "samples_idle_while_queued",
+        "samples_idle_while_queued_sending",
+    )
     out: dict[str, Any] = {key: sum(r[key] for r in runs) for key in summed}
     out["share_per_engine"] = [float(x) for x in np.mean([r["share_per_engine"] for r in runs], 0)]
     out["ttft_s"] = {q: med([r["ttft_s"][q] for r in runs]) for q in ("p50", "p99")}
@@ -419,8 +429,11 @@ async def drive(
     rate: float,
     seed: int,
     on_tick: Callable[[], Any] | None = None,
+    on_all_sent: Callable[[], None] | None = None,
 ) -> list[Any]:
-    """Sends ``bodies`` at Poisson ``rate`` (request i to ``targets(i)``); the outcomes."""
+    """Sends ``bodies`` at Poisson ``rate`` (request i to ``targets(i)``); the outcomes.
+    ``on_tick`` is awaited every 0.2 s until the last request ends, ``on_all_sent`` called once
+    the last one is sent (the drain begins)."""
     rng = random.Random(seed)
     outs: list[Any] = [None] * len(bodies)
     connector = aiohttp.TCPConnector(limit=0)
@@ -440,6 +453,8 @@ async def drive(
                     await asyncio.sleep(delay)
                 tg.create_task(one(i))
                 at += rng.expovariate(rate)
+            if on_all_sent is not None:
+                on_all_sent()
         if ticker is not None:
             ticker.cancel()
     return outs
@@ -500,6 +515,23 @@ def overhead_run(front: Front, engines: Sequence[Engine], args: argparse.Namespa
     }
 
 
+def count_samples(samples: Sequence[tuple[bool, Sequence[tuple[float, float]]]]) -> dict[str, int]:
+    """The hot phase's counts from its samples, each (sent while sending, one (running,
+    waiting) per engine): those with a queue somewhere, those where beside it an engine has
+    nothing at all, and how many of each came before the last request was sent."""
+    queued = [sent for sent, s in samples if any(w > 0 for _, w in s)]
+    idle = [
+        sent for sent, s in samples if any(w > 0 for _, w in s) and any(r + w == 0 for r, w in s)
+    ]
+    return {
+        "samples": len(samples),
+        "samples_sending": sum(sent for sent, _ in samples),
+        "samples_with_queue": len(queued),
+        "samples_idle_while_queued": len(idle),
+        "samples_idle_while_queued_sending": sum(idle),
+    }
+
+
 def hot_run(
     front: Front, engines: Sequence[Engine], args: argparse.Namespace, salt: int
 ) -> dict[str, Any]:
@@ -521,7 +553,11 @@ def hot_run(
         )
         for i in range(n)
     ]
-    samples: list[list[tuple[float, float]]] = []
+    # (sending, one (running, waiting) per engine): the drain after the last send is apart,
+    # since there an engine that finished its share idles beside another's queue whatever
+    # the router did
+    samples: list[tuple[bool, list[tuple[float, float]]]] = []
+    sending = [True]
     served0: dict[str, float] = {}
 
     async def scrape_all() -> dict[str, dict[str, float]]:
@@ -541,27 +577,26 @@ def hot_run(
 
     async def tick() -> None:
         snap = await scrape_all()
-        samples.append([(v.get("running", 0.0), v.get("waiting", 0.0)) for v in snap.values()])
+        engines_now = [(v.get("running", 0.0), v.get("waiting", 0.0)) for v in snap.values()]
+        samples.append((sending[0], engines_now))
 
     served0 = {u: v["served"] for u, v in asyncio.run(scrape_all()).items()}
     assert front.url is not None
     url = front.url
-    outs = asyncio.run(drive(lambda i: url, bodies, args.hot_rate, salt, tick))
+
+    def all_sent() -> None:
+        sending[0] = False
+
+    outs = asyncio.run(drive(lambda i: url, bodies, args.hot_rate, salt, tick, all_sent))
     time.sleep(0.5)
     served = {u: v["served"] - served0[u] for u, v in asyncio.run(scrape_all()).items()}
-    idle_while_queued = sum(
-        1 for s in samples if any(r + w == 0 for r, w in s) and any(w > 0 for _, w in s)
-    )
-    queued = sum(1 for s in samples if any(w > 0 for _, w in s))
     total = sum(served.values()) or 1.0
     ttft = [o.ttft_s for o in outs if o.ok and o.ttft_s is not None]
     return {
         "requests": n,
         "errors": sum(not o.ok for o in outs),
         "share_per_engine": [served[e.url] / total for e in engines],
-        "samples": len(samples),
-        "samples_with_queue": queued,
-        "samples_idle_while_queued": idle_while_queued,
+        **count_samples(samples),
         "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
     }
 
@@ -767,14 +802,15 @@ def print_overhead(rows: dict[str, Any]) -> None:
 def print_hot(rows: dict[str, Any]) -> None:
     print(
         f"\nhot prefixes: {'gateway':<28}{'err':>5}{'share per engine':>26}"
-        f"{'queued':>8}{'idle+queued':>12}{'TTFT p50':>10}{'p99':>9}"
+        f"{'queued':>8}{'idle+queued':>12}{'…sending':>10}{'TTFT p50':>10}{'p99':>9}"
     )
     for gw, r in rows.items():
         share = " ".join(f"{s:.2f}" for s in r["share_per_engine"])
         t = r["ttft_s"]
         print(
             f"  {gw:<40}{r['errors']:>5}{share:>26}{r['samples_with_queue']:>8}"
-            f"{r['samples_idle_while_queued']:>12}{_ms(t['p50']):>10}{_ms(t['p99']):>9}"
+            f"{r['samples_idle_while_queued']:>12}{r['samples_idle_while_queued_sending']:>10}"
+            f"{_ms(t['p50']):>10}{_ms(t['p99']):>9}"
         )
 
 

@@ -1,0 +1,92 @@
+"""bench/gateways.py's hot phase: how its engine samples are counted and summed over rounds,
+and that the drain after the last send is told apart from the sending."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+import gateways  # bench/gateways.py: tests/conftest.py puts bench/ on sys.path
+
+BUSY, IDLE, QUEUED = (4.0, 0.0), (0.0, 0.0), (4.0, 3.0)
+
+
+def test_count_samples_counts_an_idle_engine_only_beside_a_queue() -> None:
+    samples = [
+        (True, [BUSY, BUSY]),  # no queue
+        (True, [IDLE, BUSY]),  # idle, but nobody waits
+        (True, [QUEUED, BUSY]),  # a queue, every engine busy
+        (True, [QUEUED, IDLE]),  # idle beside a queue, while sending
+        (False, [QUEUED, IDLE]),  # ... in the drain
+        (False, [(0.0, 2.0), BUSY]),  # an engine waiting with none running is not idle
+    ]
+    assert gateways.count_samples(samples) == {
+        "samples": 6,
+        "samples_sending": 4,
+        "samples_with_queue": 4,
+        "samples_idle_while_queued": 2,
+        "samples_idle_while_queued_sending": 1,
+    }
+
+
+def test_summed_hot_row_sums_every_count_and_takes_medians() -> None:
+    def run(idle_sending: int, p50: float | None) -> dict[str, object]:
+        counts = gateways.count_samples(
+            [(True, [QUEUED, IDLE])] * idle_sending + [(False, [QUEUED, IDLE])]
+        )
+        ttft = {"p50": p50, "p99": None if p50 is None else 2 * p50}
+        return {
+            "requests": 10,
+            "errors": 1,
+            "share_per_engine": [0.25, 0.75],
+            "ttft_s": ttft,
+            **counts,
+        }
+
+    rows = [run(1, 0.010), run(2, 0.030), run(0, None)]
+    out = gateways.summed_hot_row(rows)
+    assert (out["requests"], out["errors"], out["samples"]) == (30, 3, 6)
+    assert (out["samples_sending"], out["samples_idle_while_queued_sending"]) == (3, 3)
+    assert out["samples_idle_while_queued"] == 6
+    assert out["share_per_engine"] == [0.25, 0.75]
+    assert out["ttft_s"] == {"p50": 0.020, "p99": 0.040}  # runs without a TTFT left out
+    assert out["runs"] == rows
+
+
+def test_drive_says_when_the_last_request_is_sent_before_the_answers_end() -> None:
+    answered: list[float] = []
+    marks: dict[str, float] = {}
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await asyncio.sleep(0.3)
+        answered.append(time.monotonic())
+        return web.Response(text="data: [DONE]\n\n", content_type="text/event-stream")
+
+    async def main() -> int:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", slow)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            outs = await gateways.drive(
+                lambda i: f"http://127.0.0.1:{port}",
+                [{"messages": []}] * 5,
+                rate=200.0,
+                seed=0,
+                on_all_sent=lambda: marks.setdefault("sent", time.monotonic()),
+            )
+        finally:
+            await runner.cleanup()
+        marks["returned"] = time.monotonic()
+        return len(outs)
+
+    assert asyncio.run(main()) == 5
+    assert len(answered) == 5
+    assert marks["sent"] < min(answered)  # 5 sends at 200/s take ~25 ms, each answer 300
+    assert max(answered) <= marks["returned"]
