@@ -519,10 +519,8 @@ def count_samples(samples: Sequence[tuple[bool, Sequence[tuple[float, float]]]])
     """The hot phase's counts from its samples, each (sent while sending, one (running,
     waiting) per engine): those with a queue somewhere, those where beside it an engine has
     nothing at all, and how many of each came before the last request was sent."""
-    queued = [sent for sent, s in samples if any(w > 0 for _, w in s)]
-    idle = [
-        sent for sent, s in samples if any(w > 0 for _, w in s) and any(r + w == 0 for r, w in s)
-    ]
+    queued = [(sent, s) for sent, s in samples if any(w > 0 for _, w in s)]
+    idle = [sent for sent, s in queued if any(r + w == 0 for r, w in s)]
     return {
         "samples": len(samples),
         "samples_sending": sum(sent for sent, _ in samples),

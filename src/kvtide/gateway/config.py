@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from kvtide.asgi.runner import KEEP_ALIVE_S
 from kvtide.errors import ConfigError
 
 
@@ -91,11 +92,9 @@ class Timeouts:
     health_s: float = 2.0
     drain_s: float = 30.0
     """SIGTERM: how long in-flight requests may take to finish."""
-    keep_alive_s: float = 75.0
-    """An idle client connection is closed after this: longer than the clients' and load
-    balancers' own idle timeouts (aiohttp 15 s, httpx and so the openai client 5 s, cloud load
-    balancers 60 s by default), or a request sent on a connection as the server closes it is
-    lost mid-write. 75 s is nginx's default."""
+    keep_alive_s: float = KEEP_ALIVE_S
+    """An idle client connection is closed after this; longer than the clients' and load
+    balancers' own idle timeouts (``kvtide.asgi.runner.KEEP_ALIVE_S`` says why)."""
 
     def __post_init__(self) -> None:
         _check_bounds(
