@@ -149,11 +149,16 @@ class Gateway:
     def _policy_spec(self, spec: str | None = None) -> str:
         """Text mode's index is the shadow of the gateway's own decisions, updated at each
         dispatch: the provisional entries ``cost`` and ``precise`` keep until the engines'
-        events land would duplicate it, at a cost per request, so they are off unless asked."""
+        events land would duplicate it, at a cost per request, so they are off unless asked.
+        ``cost``'s holder rule is off there too unless asked: it binds where the holders' KV is
+        full, and the shadow, which never sees an eviction, counts every replica full once it
+        has placed a cache's worth of blocks."""
         spec = self.config.policy if spec is None else spec
         name, options = parse_router(spec)
         if self.shadow is not None and name in ("cost", "precise") and "provisional" not in options:
             spec += ":provisional=false"
+        if self.shadow is not None and name == "cost" and "affinity_share" not in options:
+            spec += ":affinity_share=0"
         return spec
 
     # --- identity ------------------------------------------------------------------------

@@ -34,39 +34,41 @@ recomputed once) in ``kvtide simulate`` on chat sessions whose fleet KV is half 
 holder rule it adds nothing (68.1% -> 68.2% over 8 seeds). It charges every replica as if
 full; the room check below is where occupancy (the index's ``held_blocks`` against the
 engine's capacity) is used.
-The holder keeps its prefix (``affinity_share``, default 0: off; 0.2 where measured below):
-when an eligible replica holds at least that share of the prompt's blocks, the request goes to
-the replica(s) holding the longest prefix and the cost only breaks ties among them, as long as
-the holder runs at most ``holder_slack`` (default 16) requests more than the least loaded
-replica. One exception,
-room: where the holders' device KV is full (the index's ``held_blocks`` against
-``ReplicaState.capacity_blocks``, which a gateway reads from vLLM's ``cache_config_info``) and
-another eligible replica has room for the whole prompt, that replica copies it without
-evicting anything, so the cost weighs it against the holders (an engine restarted empty).
+The holder keeps its prefix (``affinity_share``, default 0.2): when an eligible replica holds
+at least that share of the prompt's blocks, the request goes to the replica(s) holding the
+longest prefix and the cost only breaks ties among them, as long as the holder runs at most
+``holder_slack`` (default 16) requests more than the least loaded replica. The rule binds only
+where a copy elsewhere would evict something:
+- room: any other eligible replica whose device KV has room for the whole prompt (the index's
+  ``held_blocks`` against ``ReplicaState.capacity_blocks``, which a gateway reads from vLLM's
+  ``cache_config_info``) competes with the holders on cost, since it copies the prompt without
+  pushing anything out (an engine restarted empty, a fleet not yet warm);
+- hot decisions (``reason == "hot"``) are the cost's: the spread set keeps any replica holding
+  more than the hot key, so the rule would pin a hot prefix to its one holder;
+- without occupancy (capacities unknown, or an index store that does not count, as Redis's, or
+  the gateway's text mode, whose shadow index never sees an eviction) the rule is off.
 Why the rule: the score is one request's, but under KV pressure what decides the hit ratio is
 where each shared prefix lives. A new session of a system prompt, or the next turn of a
 conversation, that the score moves off the holder because it runs a request or two writes a
 second copy of that prefix on another replica; copies of shared prefixes then fill the
 fleet's KV and push out the sessions' histories. ``kvtide simulate`` on chat sessions whose
-fleet KV is half what they need (docs/gateways.md, run 4), seed 0: the score alone left 1.47
-replicas per session and 2.1 per system prompt, the holder rule 1.18 and 1.56, sglang-router's
-rule (longest match above 30%, a 64-request imbalance guard, an approximate tree that never
-forgets a placement) 1.00 and 1.00. Over 8 seeds, hits 65.7% -> 68.4% (sglang's rule 70.2%;
-the same rule on the event-fed index instead of its tree 66.6%), TTFT p50 47 -> 39 ms (35),
-p99 1.31 -> 1.16 s (1.61); Mooncake's first 500 requests 7.5% -> 8.2% (7.2%), p99
-4.02 -> 3.73 s (3.79); the default ``kvtide simulate`` 79.1% -> 78.8%, p99 115 -> 118 ms.
+fleet KV is half what they need (docs/gateways.md, runs 4 and 10), seed 0: the score alone left
+1.47 replicas per session and 2.1 per system prompt, the holder rule 1.18 and 1.56,
+sglang-router's rule (longest match above 30%, a 64-request imbalance guard, an approximate
+tree that never forgets a placement) 1.00 and 1.00. Over 8 seeds (run 10): hits 65.6% -> 66.7%
+(sglang's rule 70.2%), TTFT p50 49 -> 45 ms (35), p99 1.17 -> 1.14 s (1.61); Mooncake's first
+500 requests 7.4% either way (every decision there is hot: all its prompts share block 0); the
+default ``kvtide simulate`` 79.1% either way.
 Below the share (a chat template's one shared block) the cost decides as before; the
 bounded-load cap and hot-prefix spreading below apply first, so a hot prefix still spreads.
-The slack is the price: while the holders have room, an engine restarted empty gets none of
-their sessions until they run ``holder_slack`` more requests than it (decoding sequences,
-which on a memory-bound decode cost each other little); a tighter slack gives the hits back
-(8: 67.2%, 16: 68.1%, 32 and more: 68.3%, measured before the room check). Without occupancy
-(capacities unknown, or an index store that does not count, as Redis's) there is no room
-check. Why it is off by default: live (docs/gateways.md, run 5) it left chat's cached ratio
-where it was (59.3%), and under two hot prefixes on engines at their batch limit it pinned
-each prefix to the one engine holding it whole (the spread set keeps any replica holding more
-than the hot key), leaving 2 of 4 engines idle beside queues in 19-21 of ~40 samples where the
-score alone leaves none (0 of 40, TTFT p99 35 ms against 158 ms).
+The slack is the price: once every replica is full, an engine restarted empty and filled
+again gets none of the holders' sessions until they run ``holder_slack`` more requests than
+it (decoding sequences, which on a memory-bound decode cost each other little); a tighter
+slack gives the hits back (8: 67.2%, 16: 68.1%, 32 and more: 68.3%, measured with the first
+version of the rule). That first version (run 5) bound hot decisions too and, under two hot
+prefixes on engines at their batch limit, pinned each prefix to the one engine holding it
+whole, leaving 2 of 4 engines idle beside queues in 19-21 of ~40 samples; it was off by
+default from then until run 10.
 Guard rails, so that router replicas without a coordinator agree and no replica melts:
 - a hard bounded-load cap on work in seconds (``load="work"``, the default): with q_r the
   seconds of prefill queued at replica r (the queue term of the estimate) and s the request's
@@ -162,7 +164,7 @@ class CostAware(BasePolicy):
         provisional: bool = True,
         provisional_hold_s: float | None = None,
         evict_weight: float = 0.0,
-        affinity_share: float = 0.0,
+        affinity_share: float = 0.2,
         holder_slack: int = 16,
     ) -> None:
         super().__init__(ctx)
@@ -221,13 +223,27 @@ class CostAware(BasePolicy):
             spread = self._spread(cands, eligible, key, total, request, match)
             if spread is not None:
                 eligible, reason = spread, "hot"
-        if self.affinity_share > 0.0:
+        held = self._held
+        if (
+            self.affinity_share > 0.0
+            and reason != "hot"
+            and held is not None
+            and all([r.capacity_blocks > 0 for r in eligible])
+        ):
             cap = min([r.num_requests for r in cands]) + self.holder_slack
             holders = self._holders(
                 [r for r in eligible if r.num_requests <= cap], match, request.num_blocks
             )
             if holders is not None:
-                eligible = holders + self._with_room(eligible, holders, match, request.num_blocks)
+                # a replica with room for the whole prompt copies it evicting nothing: it
+                # competes with the holders on cost
+                room = [
+                    r
+                    for r in eligible
+                    if r not in holders
+                    and r.capacity_blocks - held(r.replica_id) >= request.num_blocks
+                ]
+                eligible = holders + room
         return self._cheapest(request, eligible, match, key, reason)
 
     def _holders(
@@ -240,33 +256,6 @@ class CostAware(BasePolicy):
         if best < self.min_cached_blocks or best < self.affinity_share * num_blocks:
             return None
         return [r for r in eligible if held.get(r.replica_id, 0) == best]
-
-    def _with_room(
-        self,
-        eligible: list[ReplicaState],
-        holders: list[ReplicaState],
-        match: PrefixMatch,
-        num_blocks: int,
-    ) -> list[ReplicaState]:
-        """Where the holders must evict to take the prompt's new blocks: the eligible
-        non-holders whose device KV has room for all of it, which copy it without evicting
-        anything (an engine restarted empty); the cost then weighs them against the holders.
-        Empty where a holder has room too, or the capacities or the index's counts are unknown."""
-        held = self._held
-        if held is None:
-            return []
-        new = num_blocks - match.any_tier.get(holders[0].replica_id, 0)
-        if any(
-            r.capacity_blocks <= 0 or r.capacity_blocks - held(r.replica_id) >= new for r in holders
-        ):
-            return []
-        return [
-            r
-            for r in eligible
-            if r.capacity_blocks > 0
-            and r.capacity_blocks - held(r.replica_id) >= num_blocks
-            and r not in holders
-        ]
 
     def work_cap_s(self, cands: Sequence[ReplicaState], prompt_tokens: int) -> float:
         """The most seconds of queued prefill a replica may hold and still take a request of

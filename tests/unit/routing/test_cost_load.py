@@ -6,9 +6,11 @@ Both held the other way before: a queue of zero unprefilled tokens let the holde
 cached blocks however many requests it was running (bench/soak.py: the killed and restarted
 engine served 0 requests after its restart).
 
-The holder rule (``affinity_share``, off by default): a replica holding at least that share of
-a prompt keeps it until it runs ``holder_slack`` requests more than the least loaded replica;
-below the share, or past the slack, the cost decides as above."""
+The holder rule (``affinity_share``, 0.2 by default): a replica holding at least that share of
+a prompt keeps it until it runs ``holder_slack`` requests more than the least loaded replica,
+wherever a copy elsewhere would evict (every other eligible replica's KV too full for the
+prompt); a replica with room competes on cost, hot decisions are the cost's, and without
+capacities the rule is off. Below the share, or past the slack, the cost decides as above."""
 
 from __future__ import annotations
 
@@ -57,8 +59,10 @@ def test_a_block_every_prompt_shares_does_not_herd_new_sessions_onto_one_replica
     assert max(chosen.count(r) for r in set(chosen)) == 2
 
 
-def _holders_and_restarted(spec: str, sessions: int) -> tuple[list[ReplicaId], Router]:
-    router, index = _router(3, spec)
+def _holders_and_restarted(
+    spec: str, sessions: int, capacity: int = 0
+) -> tuple[list[ReplicaId], Router]:
+    router, index = _router(3, spec, capacity)
     system = list(range(1, 38))  # a 37-block system prompt, held by r0 and r1; r2 is empty
     for r in ("r0", "r1"):
         index.add(ReplicaId(r), list(prompt(system)))
@@ -76,72 +80,83 @@ def test_a_restarted_empty_replica_gets_requests_once_the_holders_run_several() 
     # holders run enough that a 7-block prefill there delays more than r2's 44-block one
     assert chosen[:2] != ["r2", "r2"] and "r2" in chosen, chosen
     assert router.replicas[ReplicaId("r2")].num_requests >= 2
+    # with the rule and capacities known: r2 has room for every prompt (it copies them
+    # evicting nothing), so it competes on cost and the decisions are the same
+    with_rule, _ = _holders_and_restarted("cost", 8, capacity=1_000)
+    assert with_rule == chosen
 
 
-def test_the_holder_keeps_a_prompt_it_mostly_holds_until_the_slack_is_used() -> None:
-    slack = 3
-    chosen, router = _holders_and_restarted(f"cost:affinity_share=0.2:holder_slack={slack}", 12)
-    # each holder takes sessions until it runs `slack` more than the empty r2 (0), i.e. the
-    # first 2 x (slack + 1) stay where the system prompt is, then r2 gets its share
-    first = 2 * (slack + 1)
-    assert "r2" not in chosen[:first], chosen
-    assert "r2" in chosen[first:], chosen
-    loads = [r.num_requests for r in router.replicas.values()]
-    assert max(loads) - min(loads) <= slack + 1, loads
+def _fill(index: GlobalPrefixIndex, replica: str, blocks: int) -> None:
+    """Other sessions' blocks, ``blocks`` of them, cached on ``replica``."""
+    start = 10_000 * (1 + int(replica[1:]))
+    if blocks:
+        index.add(ReplicaId(replica), list(prompt(list(range(start, start + blocks)))))
+
+
+def _next_turn(
+    spec: str,
+    capacity: int = 100,
+    r0_others: int = 70,
+    r1_others: int = 100,
+    r0_running: int = 3,
+) -> ReplicaId:
+    """Where the next turn of a 30-block conversation held by r0 goes: half of its 60 blocks
+    are new; r0 runs ``r0_running`` requests, r1 none; each holds ``*_others`` blocks of other
+    sessions out of ``capacity`` (by default both are full)."""
+    router, index = _router(2, spec, capacity)
+    history = list(range(1, 31))
+    index.add(ReplicaId("r0"), list(prompt(history)))
+    _fill(index, "r0", r0_others)
+    _fill(index, "r1", r1_others)
+    router.replicas[ReplicaId("r0")].num_requests = r0_running
+    return _decoding(router, index, [*history, *range(500, 530)])
+
+
+def test_the_holder_keeps_a_conversation_where_a_copy_elsewhere_would_evict() -> None:
+    assert _next_turn("cost:affinity_share=0") == "r1"  # the score alone moves it off r0
+    assert _next_turn("cost") == "r0"  # the holder keeps it
+
+
+def test_the_holder_keeps_it_until_the_slack_is_used() -> None:
+    assert _next_turn("cost:holder_slack=3", r0_running=3) == "r0"
+    assert _next_turn("cost:holder_slack=3", r0_running=4) == "r1"
 
 
 def test_below_the_share_the_cost_decides_as_without_the_rule() -> None:
-    # the system prompt is 37 of 44 blocks: a share of 0.9 turns the rule off for these
-    with_rule, _ = _holders_and_restarted("cost:affinity_share=0.9", 8)
-    without, _ = _holders_and_restarted("cost:affinity_share=0", 8)
-    assert with_rule == without and "r2" in with_rule
+    # the conversation is 30 of the turn's 60 blocks
+    assert _next_turn("cost:affinity_share=0.9") == "r1"
+    assert _next_turn("cost:affinity_share=0.5") == "r0"
 
 
-def test_the_holder_rule_keeps_a_conversation_on_its_replica_when_the_cost_would_move_it() -> None:
-    router, index = _router(2, "cost:affinity_share=0.2")
-    history = list(range(1, 31))  # a 30-block conversation on r0
-    index.add(ReplicaId("r0"), list(prompt(history)))
-    busy = router.replicas[ReplicaId("r0")]
-    busy.num_requests = 3  # r0 runs three others; r1 is idle
-    nxt = [*history, *range(500, 530)]  # half of the next turn is new
-    moved = _router(2, "cost:affinity_share=0")
-    moved[1].add(ReplicaId("r0"), list(prompt(history)))
-    moved[0].replicas[ReplicaId("r0")].num_requests = 3
-    assert _decoding(moved[0], moved[1], nxt) == "r1"  # the score alone moves it off r0
-    assert _decoding(router, index, nxt) == "r0"  # the holder keeps it
+def test_a_replica_with_room_for_the_whole_prompt_competes_with_the_holder() -> None:
+    assert _next_turn("cost", r1_others=0) == "r1"  # r1 copies it evicting nothing
+    assert _next_turn("cost:affinity_share=0", r1_others=0) == "r1"
+    assert _next_turn("cost", r1_others=50) == "r0"  # room for 50 of 60 blocks: not enough
+    assert _next_turn("cost", capacity=0) == "r1"  # capacities unknown: the rule is off
+
+
+def test_a_hot_prefix_leaves_its_one_holder_although_every_kv_is_full() -> None:
+    # as test_policies' hot-prefix test, with every replica's KV full: the holder rule would
+    # pin the prefix to its one holder (docs/gateways.md, run 5), so hot decisions are the cost's
+    router, index = _router(4, "cost:epsilon=10", capacity=60)
+    hot = list(range(1, 41))
+    home = router.route(RouteRequest(prompt(hot), len(hot) * BT, BT)).replica
+    index.add(home, list(prompt(hot)))
+    for r in router.replicas:
+        _fill(index, r, 20 if r == home else 60)
+    chosen = []
+    for i in range(12):
+        ids = [*hot, 1000 + i]
+        request = RouteRequest(prompt(ids), len(ids) * BT, BT, request_id=f"h{i}")
+        chosen.append(router.route(request).replica)
+    assert len(set(chosen)) >= 3, chosen
+    assert chosen.count(home) <= 6, chosen
 
 
 def test_bad_holder_options_are_config_errors() -> None:
     for spec in ("cost:affinity_share=1.5", "cost:affinity_share=-0.1", "cost:holder_slack=-1"):
         with pytest.raises(ConfigError):
             _router(2, spec)
-
-
-def _full_holders(capacity: int, filler_blocks: int) -> tuple[Router, GlobalPrefixIndex]:
-    """r0 holds a 37-block system prompt and ``filler_blocks`` of other prefixes, out of
-    ``capacity`` blocks; r1 (restarted) holds nothing."""
-    router, index = _router(2, "cost:affinity_share=0.2", capacity)
-    index.add(ReplicaId("r0"), list(prompt(list(range(1, 38)))))
-    index.add(ReplicaId("r0"), list(prompt(list(range(50_000, 50_000 + filler_blocks)))))
-    return router, index
-
-
-def test_where_the_holder_must_evict_an_empty_replica_with_room_competes_on_cost() -> None:
-    system = list(range(1, 38))
-    # r0 is full (37 + 963 of 1,000 blocks): each new session's 7 blocks evict there, while
-    # r1 has room for all 44; the cost decides, and r1 takes sessions once r0 runs some
-    router, index = _full_holders(1_000, 963)
-    assert index.held_blocks(ReplicaId("r0")) == 1_000
-    chosen = [
-        _decoding(router, index, [*system, *range(1000 * s, 1000 * s + 7)]) for s in range(1, 9)
-    ]
-    assert chosen[0] == "r0" and "r1" in chosen, chosen
-    # r0 with room to spare: the holder keeps them all (a copy on r1 would cost later)
-    router, index = _full_holders(100_000, 963)
-    chosen = [
-        _decoding(router, index, [*system, *range(1000 * s, 1000 * s + 7)]) for s in range(1, 9)
-    ]
-    assert set(chosen) == {"r0"}, chosen
 
 
 def test_the_index_counts_what_each_replica_holds() -> None:

@@ -152,7 +152,8 @@ def test_cost_evict_weight_keeps_a_half_cached_prompt_off_an_idle_replica() -> N
     model = LinearTtftModel(tokens_per_s=1000.0, overhead_s=0.0)
     reps = _fleet()
     reps[1].num_requests = 2
-    # myopic (without the holder rule, which keeps it on r1 whatever the weight):
+    # myopic (without the holder rule, which would keep it on r1 whatever the weight where
+    # the others' KV is full):
     # 3 x 0.384 s on r1 (its prefill delays the two running) > 1.024 s on an idle one
     no_holder = {"affinity_share": 0.0}
     myopic = make_policy("cost", _ctx(idx, ttft_model=model), no_holder).choose(_req(ids), reps)
@@ -209,8 +210,8 @@ def test_cost_spreads_a_hot_prefix_over_rendezvous_replicas() -> None:
 def test_cost_spreads_a_hot_prefix_its_one_holder_would_keep() -> None:
     # requests share a 40-block prefix, each with its own question: they must not all stay on
     # the one replica holding the prefix, although it holds more than the 16-block hot key (as
-    # a session's history would), so the spread set always keeps it; `cost:affinity_share=0.2`
-    # (the holder rule) fails this, which is why it is off by default
+    # a session's history would), so the spread set always keeps it; the holder rule, which
+    # would keep them there, leaves hot decisions to the cost (docs/gateways.md, run 5)
     idx = GlobalPrefixIndex()
     hot = list(range(40))
     policy = make_policy("cost", _ctx(idx), {"epsilon": 10.0})
