@@ -150,9 +150,9 @@ class Gateway:
         """Text mode's index is the shadow of the gateway's own decisions, updated at each
         dispatch: the provisional entries ``cost`` and ``precise`` keep until the engines'
         events land would duplicate it, at a cost per request, so they are off unless asked.
-        ``cost``'s holder rule is off there too unless asked: it binds where the holders' KV is
-        full, and the shadow, which never sees an eviction, counts every replica full once it
-        has placed a cache's worth of blocks."""
+        ``cost``'s holder rule is off there too unless asked: it weighs the index's held blocks
+        against the engines' capacity, and the shadow counts text chunks of this gateway's own
+        placements, evicted at its own size and TTL, not what the engines hold."""
         spec = self.config.policy if spec is None else spec
         name, options = parse_router(spec)
         if self.shadow is not None and name in ("cost", "precise") and "provisional" not in options:

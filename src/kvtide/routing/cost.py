@@ -46,7 +46,8 @@ where a copy elsewhere would evict something:
 - hot decisions (``reason == "hot"``) are the cost's: the spread set keeps any replica holding
   more than the hot key, so the rule would pin a hot prefix to its one holder;
 - without occupancy (capacities unknown, or an index store that does not count, as Redis's, or
-  the gateway's text mode, whose shadow index never sees an eviction) the rule is off.
+  the gateway's text mode, whose shadow counts its own placements in text chunks, not what
+  the engines hold) the rule is off.
 Why the rule: the score is one request's, but under KV pressure what decides the hit ratio is
 where each shared prefix lives. A new session of a system prompt, or the next turn of a
 conversation, that the score moves off the holder because it runs a request or two writes a

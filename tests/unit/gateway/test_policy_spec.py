@@ -1,6 +1,7 @@
 """What the gateway makes of ``--policy`` in each prompt mode: text mode's shadow index (the
-gateway's own decisions, never an eviction) turns off what needs the engines' events unless
-the spec asks for it; token mode runs the policy as the simulator does."""
+gateway's own decisions in text chunks, not what the engines hold) turns off what needs the
+engines' events unless the spec asks for it; token mode runs the policy as the simulator
+does."""
 
 from __future__ import annotations
 
