@@ -251,6 +251,9 @@ CASES: dict[str, Case] = {
     "sweep gpu_cache_tokens 10G": says(
         sweep("grid:\n  gpu_cache_tokens: [10G]\n"), "gpu_cache_tokens", "10,000,000,000"
     ),
+    "sweep mean-over not a grid key": says(
+        sweep("grid:\n  router: [cost]\n", "--mean-over", "seed"), "--mean-over", "'seed'"
+    ),
     "sweep load nan": says(sweep("grid:\n  load: [.nan]\n"), "grid.load[0]", "nan"),
     "sweep event_delay negative": says(
         sweep("grid:\n  router: [cost]\n  event_delay: [-1]\n"), "grid.event_delay[0]", "-1"

@@ -22,7 +22,7 @@ from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.display import count, number, plural
 from kvtide.errors import ConfigError
 from kvtide.sim.scenario import RunResult, Scenario
-from kvtide.sim.sweep import load_sweep, rows
+from kvtide.sim.sweep import load_sweep, mean_rows, rows
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,6 +56,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="json_path",
         help="the grid and every row as one JSON document",
     )
+    parser.add_argument(
+        "--mean-over",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=(
+            "print the mean of each metric over this grid key (repeatable), one row per "
+            "combination of the other keys, e.g. --mean-over seed; --out and --json keep "
+            "every point"
+        ),
+    )
     parser.add_argument("--jobs", type=JOBS, default=min(2, os.cpu_count() or 1), metavar="N")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -66,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.out, "--out")
         format_rows([], args.out.suffix.lower())  # an unknown format, before any run
     points = load_sweep(args.config)
+    keys = list(points[0].values) if points else []
+    mean_rows([], keys, args.mean_over)  # a key not in the grid, before any run
     scenarios = [p.scenario for p in points]
     for scenario in dict.fromkeys(scenarios):
         validate_names([scenario.router], scenario.eviction)
@@ -78,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
         longer = "longer than a replica's whole KV pool skipped"
         warn([f"{plural(skipped, 'request')} {longer}"])
     table_rows = rows(points, results)
-    keys = list(points[0].values) if points else []
     metrics = [
         (Column("TTFT\np50"), "ttft_p50_s", ".3f"),
         (Column("TTFT\np99"), "ttft_p99_s", ".3f"),
@@ -86,18 +98,27 @@ def run(args: argparse.Namespace) -> int:
         (Column("hit\nratio"), "hit_ratio", ".1%"),
         (Column("imbal-\nance"), "load_imbalance", ".2f"),
     ]
+    shown, title, shown_keys = table_rows, "one row per point; times in seconds", keys
+    if args.mean_over:
+        shown = mean_rows(table_rows, keys, args.mean_over)
+        shown_keys = [k for k in keys if k not in args.mean_over] + ["points"]
+        title = f"means over {', '.join(args.mean_over)}; times in seconds"
     cells = [
-        [*(_cell(r[k]) for k in keys), *(number(_float(r[k]), spec) for _, k, spec in metrics)]
-        for r in table_rows
+        [
+            *(_cell(r[k]) for k in shown_keys),
+            *(number(_float(r[k]), spec) for _, k, spec in metrics),
+        ]
+        for r in shown
     ]
-    header = [Column(k.replace("_", " ")) for k in keys]
-    print_table(
-        console, "one row per point; times in seconds", header, [c for c, *_ in metrics], cells
-    )
+    header = [Column(k.replace("_", " ")) for k in shown_keys]
+    print_table(console, title, header, [c for c, *_ in metrics], cells)
     if args.out is not None:
         write_text(args.out, format_rows(table_rows, args.out.suffix.lower()))
     if args.json_path is not None:
-        doc = {"config": str(args.config), "grid": keys, "rows": table_rows}
+        doc: dict[str, object] = {"config": str(args.config), "grid": keys, "rows": table_rows}
+        if args.mean_over:
+            doc["mean_over"] = args.mean_over
+            doc["means"] = shown
         write_text(args.json_path, json.dumps(doc, indent=2) + "\n")
     return 0
 

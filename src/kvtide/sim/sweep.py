@@ -151,3 +151,30 @@ def row(point: SweepPoint, result: RunResult) -> dict[str, object]:
 
 def rows(points: Sequence[SweepPoint], results: Sequence[RunResult]) -> list[dict[str, object]]:
     return [row(p, r) for p, r in zip(points, results, strict=True)]
+
+
+def mean_rows(
+    table_rows: Sequence[Mapping[str, object]], keys: Sequence[str], over: Sequence[str]
+) -> list[dict[str, object]]:
+    """The rows grouped by the grid ``keys`` not in ``over`` (in order of first appearance),
+    each metric the mean over its group (a metric empty in any row of the group is empty), and
+    ``points``, the group's size: seeds averaged, say. ``over`` must name grid keys."""
+    unknown = [k for k in over if k not in keys]
+    if unknown:
+        raise ConfigError(
+            f"--mean-over: {unknown[0]!r} is not a key of the grid (grid: {', '.join(keys)})"
+        )
+    kept = [k for k in keys if k not in over]
+    groups: dict[tuple[object, ...], list[Mapping[str, object]]] = {}
+    for r in table_rows:
+        groups.setdefault(tuple(r[k] for k in kept), []).append(r)
+    out = []
+    for group_key, members in groups.items():
+        mean: dict[str, object] = dict(zip(kept, group_key, strict=True))
+        mean["points"] = len(members)
+        for metric in METRICS:
+            values = [m.get(metric) for m in members]
+            numbers = [float(v) for v in values if isinstance(v, int | float)]
+            mean[metric] = sum(numbers) / len(numbers) if len(numbers) == len(values) else None
+        out.append(mean)
+    return out

@@ -58,3 +58,32 @@ def test_the_ray_executor_runs_the_same_points() -> None:
     (point,) = expand({"workload": "builtin:chat:sessions=4", "requests": 10}, {"replicas": [1]})
     (remote,) = run_on_ray([point.scenario], None)
     assert remote.summary == run(point.scenario).summary
+
+
+def test_means_over_a_key_print_one_row_per_group_and_keep_every_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "grid.yaml"
+    config.write_text(GRID)
+    doc = tmp_path / "sweep.json"
+    argv = ["sweep", str(config), "--mean-over", "gpu_cache_tokens", "--json", str(doc)]
+    assert main([*argv, "--quiet", "--jobs", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "means over gpu_cache_tokens" in table
+    assert table.count("round_robin") == 1 and table.count("least_load") == 1
+    written = json.loads(doc.read_text())
+    assert len(written["rows"]) == 4
+    for mean in written["means"]:
+        points = [r for r in written["rows"] if r["router"] == mean["router"]]
+        assert mean["points"] == 2
+        assert mean["hit_ratio"] == pytest.approx(sum(r["hit_ratio"] for r in points) / 2)
+
+
+def test_means_over_a_key_not_in_the_grid_fail_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "grid.yaml"
+    config.write_text(GRID)
+    assert main(["sweep", str(config), "--mean-over", "seed", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--mean-over: 'seed' is not a key of the grid" in err
