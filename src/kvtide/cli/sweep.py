@@ -22,7 +22,7 @@ from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.display import count, number, plural
 from kvtide.errors import ConfigError
 from kvtide.sim.scenario import RunResult, Scenario
-from kvtide.sim.sweep import load_sweep, mean_rows, rows
+from kvtide.sim.sweep import load_sweep, mean_rows, normal_key, rows
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     points = load_sweep(args.config)
     keys = list(points[0].values) if points else []
     mean_rows([], keys, args.mean_over)  # a key not in the grid, before any run
+    over = list(dict.fromkeys(normal_key(k) for k in args.mean_over))
     scenarios = [p.scenario for p in points]
     for scenario in dict.fromkeys(scenarios):
         validate_names([scenario.router], scenario.eviction)
@@ -99,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
         (Column("imbal-\nance"), "load_imbalance", ".2f"),
     ]
     shown, title, shown_keys = table_rows, "one row per point; times in seconds", keys
-    if args.mean_over:
-        shown = mean_rows(table_rows, keys, args.mean_over)
-        shown_keys = [k for k in keys if k not in args.mean_over] + ["points"]
-        title = f"means over {', '.join(args.mean_over)}; times in seconds"
+    if over:
+        shown = mean_rows(table_rows, keys, over)
+        shown_keys = [k for k in keys if k not in over] + ["points"]
+        title = f"means over {', '.join(over)}; times in seconds"
     cells = [
         [
             *(_cell(r[k]) for k in shown_keys),
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.out, format_rows(table_rows, args.out.suffix.lower()))
     if args.json_path is not None:
         doc: dict[str, object] = {"config": str(args.config), "grid": keys, "rows": table_rows}
-        if args.mean_over:
-            doc["mean_over"] = args.mean_over
+        if over:
+            doc["mean_over"] = over
             doc["means"] = shown
         write_text(args.json_path, json.dumps(doc, indent=2) + "\n")
     return 0

@@ -87,9 +87,15 @@ def expand(
     return points
 
 
-def _key(raw: object, origin: str) -> str:
+def normal_key(raw: object) -> str:
+    """A setting as a sweep file or ``--mean-over`` may spell it (``gpu-cache-tokens``, the
+    alias ``event_delay``), as the grid keys it: the Scenario field's name."""
     key = str(raw).strip().replace("-", "_")
-    key = _ALIASES.get(key, key)
+    return _ALIASES.get(key, key)
+
+
+def _key(raw: object, origin: str) -> str:
+    key = normal_key(raw)
     if key not in SETTINGS:
         valid = ", ".join(sorted(SETTINGS))
         raise ConfigError(f"{origin}: unknown setting {raw!r} (valid: {valid})")
@@ -158,12 +164,14 @@ def mean_rows(
 ) -> list[dict[str, object]]:
     """The rows grouped by the grid ``keys`` not in ``over`` (in order of first appearance),
     each metric the mean over its group (a metric empty in any row of the group is empty), and
-    ``points``, the group's size: seeds averaged, say. ``over`` must name grid keys."""
-    unknown = [k for k in over if k not in keys]
-    if unknown:
-        raise ConfigError(
-            f"--mean-over: {unknown[0]!r} is not a key of the grid (grid: {', '.join(keys)})"
-        )
+    ``points``, the group's size: seeds averaged, say. ``over`` names grid keys as a sweep
+    file may spell them (``gpu-cache-tokens``, ``event_delay``)."""
+    for raw in over:
+        if normal_key(raw) not in keys:
+            raise ConfigError(
+                f"--mean-over: {raw!r} is not a key of the grid (grid: {', '.join(keys)})"
+            )
+    over = [normal_key(k) for k in over]
     kept = [k for k in keys if k not in over]
     groups: dict[tuple[object, ...], list[Mapping[str, object]]] = {}
     for r in table_rows:

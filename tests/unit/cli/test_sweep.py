@@ -66,13 +66,15 @@ def test_means_over_a_key_print_one_row_per_group_and_keep_every_point(
     config = tmp_path / "grid.yaml"
     config.write_text(GRID)
     doc = tmp_path / "sweep.json"
-    argv = ["sweep", str(config), "--mean-over", "gpu_cache_tokens", "--json", str(doc)]
+    # spelt as a flag and as the field, once each: one key
+    over = ["--mean-over", "gpu-cache-tokens", "--mean-over", "gpu_cache_tokens"]
+    argv = ["sweep", str(config), *over, "--json", str(doc)]
     assert main([*argv, "--quiet", "--jobs", "1"]) == 0
     table = capsys.readouterr().out
-    assert "means over gpu_cache_tokens" in table
+    assert "means over gpu_cache_tokens; times" in table
     assert table.count("round_robin") == 1 and table.count("least_load") == 1
     written = json.loads(doc.read_text())
-    assert len(written["rows"]) == 4
+    assert len(written["rows"]) == 4 and written["mean_over"] == ["gpu_cache_tokens"]
     for mean in written["means"]:
         points = [r for r in written["rows"] if r["router"] == mean["router"]]
         assert mean["points"] == 2
