@@ -22,7 +22,7 @@ from kvtide.cli.tables import Column, make_console, print_table
 from kvtide.display import count, number, plural
 from kvtide.errors import ConfigError
 from kvtide.sim.scenario import RunResult, Scenario
-from kvtide.sim.sweep import load_sweep, mean_rows, normal_key, rows
+from kvtide.sim.sweep import load_sweep, mean_over_keys, mean_rows, rows
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
         format_rows([], args.out.suffix.lower())  # an unknown format, before any run
     points = load_sweep(args.config)
     keys = list(points[0].values) if points else []
-    mean_rows([], keys, args.mean_over)  # a key not in the grid, before any run
-    over = list(dict.fromkeys(normal_key(k) for k in args.mean_over))
+    over = mean_over_keys(keys, args.mean_over)  # a key not in the grid, before any run
     scenarios = [p.scenario for p in points]
     for scenario in dict.fromkeys(scenarios):
         validate_names([scenario.router], scenario.eviction)

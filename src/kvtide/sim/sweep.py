@@ -159,19 +159,24 @@ def rows(points: Sequence[SweepPoint], results: Sequence[RunResult]) -> list[dic
     return [row(p, r) for p, r in zip(points, results, strict=True)]
 
 
-def mean_rows(
-    table_rows: Sequence[Mapping[str, object]], keys: Sequence[str], over: Sequence[str]
-) -> list[dict[str, object]]:
-    """The rows grouped by the grid ``keys`` not in ``over`` (in order of first appearance),
-    each metric the mean over its group (a metric empty in any row of the group is empty), and
-    ``points``, the group's size: seeds averaged, say. ``over`` names grid keys as a sweep
-    file may spell them (``gpu-cache-tokens``, ``event_delay``)."""
+def mean_over_keys(keys: Sequence[str], over: Sequence[str]) -> list[str]:
+    """``over``, grid keys as a sweep file may spell them (``gpu-cache-tokens``,
+    ``event_delay``), as the grid keys them, each once; a key not in the grid is an error."""
     for raw in over:
         if normal_key(raw) not in keys:
             raise ConfigError(
                 f"--mean-over: {raw!r} is not a key of the grid (grid: {', '.join(keys)})"
             )
-    over = [normal_key(k) for k in over]
+    return list(dict.fromkeys(normal_key(k) for k in over))
+
+
+def mean_rows(
+    table_rows: Sequence[Mapping[str, object]], keys: Sequence[str], over: Sequence[str]
+) -> list[dict[str, object]]:
+    """The rows grouped by the grid ``keys`` not in ``over`` (in order of first appearance),
+    each metric the mean over its group (a metric empty in any row of the group is empty), and
+    ``points``, the group's size: seeds averaged, say. ``over`` as ``mean_over_keys`` takes it."""
+    over = mean_over_keys(keys, over)
     kept = [k for k in keys if k not in over]
     groups: dict[tuple[object, ...], list[Mapping[str, object]]] = {}
     for r in table_rows:
