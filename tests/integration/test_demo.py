@@ -95,6 +95,9 @@ def test_sigint_stops_every_child() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        for pipe in (proc.stdout, proc.stderr):  # a timed-out communicate leaves them open
+            if pipe is not None:
+                pipe.close()
         for pid in seen:
             if is_alive(pid):
                 os.kill(pid, signal.SIGKILL)
