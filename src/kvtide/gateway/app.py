@@ -16,7 +16,6 @@ import itertools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -131,7 +130,6 @@ class Gateway:
         self.metrics.attach(self.telemetry.exposition)
         self.intakes: dict[ReplicaId, EventIntake] = {}
         self.intake_tasks: dict[ReplicaId, asyncio.Task[None]] = {}
-        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvtide-intake")
         self.draining = False
         self.shared: SharedState | None = None
         if config.state != "local":
@@ -227,8 +225,10 @@ class Gateway:
             raise ApiError(NOT_FOUND, f"no replica {replica_id}", "replica")
         self.router.remove_replica(replica_id)
         task = self.intake_tasks.pop(replica_id, None)
-        if task is not None:
+        intake = self.intakes.pop(replica_id, None)
+        if task is not None and intake is not None and self.task_group is not None:
             task.cancel()
+            self.task_group.create_task(_retire(task, intake))
         self.index.clear_replica(replica_id)
         self.telemetry.forget(replica_id)
         if self.shadow is not None:
@@ -252,7 +252,6 @@ class Gateway:
             self.config.block_tokens,
             seed_for_salt,
             self.index,
-            self.executor,
             after_commit=self.shared.write if self.shared is not None else None,
             health=self.router.health,
         )
@@ -479,12 +478,18 @@ class Gateway:
                     task.cancel()
         finally:
             self.task_group = None
-            self.executor.shutdown(wait=True, cancel_futures=True)
             for intake in self.intakes.values():
-                intake.close()
+                intake.close()  # its run ended (cancelled above): its poll was woken
             await pool.close()
             if self.shared is not None:
                 await self.shared.close()
+
+
+async def _retire(task: asyncio.Task[None], intake: EventIntake) -> None:
+    """A removed replica's intake: its sockets and thread closed once its run has ended (a
+    re-added replica gets a new intake; without this the old one's stayed open)."""
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.to_thread(intake.close)  # waits for the worker's last (woken) poll
 
 
 async def _every(period_s: float, fn: Callable[[], Awaitable[None]]) -> None:

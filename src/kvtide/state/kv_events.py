@@ -168,6 +168,12 @@ class KvEventSubscriber:
         self.num_replays = 0
         self.num_replay_timeouts = 0
 
+    @property
+    def socket(self) -> zmq.Socket[bytes]:
+        """The SUB socket, to wait on beside others (a ``zmq.Poller``); read it through
+        ``poll`` only."""
+        return self._sub
+
     def poll(self, timeout_s: float = 0.0, max_messages: int = 10_000) -> int:
         """Takes the batches waiting (waiting up to ``timeout_s`` for the first); returns how
         many arrived. Gaps are repaired before it returns."""

@@ -113,3 +113,38 @@ def test_events_land_in_the_namespace_and_a_restart_is_a_new_epoch() -> None:
             pub.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_quiet_engines_poll_is_woken_for_a_restart_and_for_the_stop() -> None:
+    """Polls wait up to a second for a quiet engine's next batch; a restart (replay from the
+    engine's buffer) and the intake's stop do not wait for that second."""
+    pub_port, replay_port = _port(), _port()
+    endpoint, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
+
+    async def scenario() -> tuple[float, float]:
+        pub = KvEventPublisher(endpoint, replay)
+        pub.start_replay_thread()
+        intake = EventIntake(R, endpoint, replay, BT, _seed, GlobalPrefixIndex())
+        assert intake.poll_s >= 1.0
+        task = asyncio.create_task(intake.run())
+        loop = asyncio.get_running_loop()
+        try:
+            await _until(lambda: intake.is_connected)  # the first poll (a bootstrap) returned
+            await asyncio.sleep(0.1)  # the next poll is waiting on a quiet engine
+            replays = intake.subscriber.num_replays
+            t0 = loop.time()
+            intake.restart()
+            await _until(lambda: intake.subscriber.num_replays > replays)
+            restart_s = loop.time() - t0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            t0 = loop.time()
+            intake.close()  # waits for the worker's last poll
+            close_s = loop.time() - t0
+            pub.close()
+        return restart_s, close_s
+
+    restart_s, close_s = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert restart_s < 0.5
+    assert close_s < 0.5
