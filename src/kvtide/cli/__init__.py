@@ -64,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Ctrl-C while the subcommands import (a second or more on a cold start) is an interrupt
+    # like any other: one line and 130, not a traceback from deep inside an import
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("kvtide: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -77,9 +87,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvtideError as exc:
         print(f"kvtide: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("kvtide: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":
