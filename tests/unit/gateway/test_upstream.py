@@ -145,3 +145,73 @@ def test_a_connection_cut_mid_body_is_upstream_closed() -> None:
         server.close()
 
     asyncio.run(run())
+
+
+def test_read_s_bounds_each_gap_between_pieces_not_the_whole_stream() -> None:
+    """A stream of pieces each 0.05 s apart, 0.5 s in all, under a 0.2 s read deadline: it
+    is read whole; then a gap of 0.4 s times out within the deadline's bounds."""
+    gaps = [0.05] * 10 + [0.4]
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for gap in gaps:
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(gap)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def run() -> tuple[int, float]:
+        server, url, _ = await _serve(stream)
+        pool = UpstreamPool(1.0, 0.2)
+        resp = await pool.request(b"POST", url, "/v1/completions", b"{}")
+        loop = asyncio.get_running_loop()
+        got = 0
+        last = loop.time()
+        with pytest.raises(TimeoutError):
+            while await resp.read_chunk():
+                got += 1
+                last = loop.time()
+        waited = loop.time() - last
+        resp.close()
+        await pool.close()
+        server.close()
+        return got, waited
+
+    got, waited = asyncio.run(run())
+    assert got == len(gaps)  # every piece before the long gap
+    assert 0.2 - 0.01 <= waited <= 0.2 + 0.15  # the deadline, from the last piece
+
+
+def test_a_reused_connection_keeps_a_shorter_deadline() -> None:
+    """A connection whose previous request waited under a 5 s deadline, reused by a GET with
+    a 0.2 s one that gets no answer: the GET times out at 0.2 s, not at the older timer."""
+    answered = 0
+
+    async def first_then_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        answered += 1
+        if answered == 1:
+            await asyncio.sleep(0.05)  # the first request waits a little under its deadline
+            await _ok(reader, writer)
+        else:
+            await asyncio.sleep(10)
+
+    async def run() -> tuple[float, list[int]]:
+        server, url, accepted = await _serve(first_then_silent)
+        pool = UpstreamPool(1.0, 5.0)
+        resp = await pool.request(b"POST", url, "/v1/completions", b"{}")
+        assert await resp.read() == b"{}"
+        resp.close()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimeoutError):
+            await pool.request(b"GET", url, "/health", read_s=0.2)
+        took = loop.time() - t0
+        await pool.close()
+        server.close()
+        return took, accepted
+
+    took, accepted = asyncio.run(run())
+    assert len(accepted) == 1  # the same connection, reused
+    assert took < 1.0
