@@ -10,8 +10,9 @@ sequence numbers start again) is a new epoch: its entries are cleared before the
 A poll waits for the engine's next batch up to ``poll_s`` (1 s), or until the loop wakes it
 through an inproc socket (a restart to replay, the intake stopping), so a quiet engine costs
 one thread round trip a second. Each round trip (executor hand-off, ZMQ poll, the loop's
-wake-up) took ~0.3 ms of CPU on a 2-core VM: four quiet engines polled every 50 ms, as before,
-cost the gateway 28 ms of CPU a second (docs/gateways.md, run 12).
+wake-up) took ~0.35 ms of CPU on a 2-core VM: four engines polled every 50 ms, as before, cost
+the gateway 27-33 ms of CPU a second at rest, 3.3 ms now (bench/gateways.py's idle column,
+docs/gateways.md run 12).
 
 Lag (Unix time now minus the batch's stamp, vLLM's ``time.time()``), sequence gaps and resyncs
 are counted by the worker's own ``IndexHealth`` and added to the router's (``health``) on the
@@ -133,8 +134,8 @@ class EventIntake:
         self.is_connected = False
         self._restart = True  # bootstrap from the replay socket on the first poll
         self._closed = False
-        # the loop's way to end a poll early: PAIR sockets, the sender used on the loop only,
-        # the receiver in the worker only
+        # the loop's way to end a poll early: PAIR sockets, the receiver used in the worker
+        # only, the sender on the loop until the run ends, then by ``close``
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         wake = f"inproc://kvtide-intake-wake-{next(_WAKE_IDS)}"
         self._wake_rx = ctx.socket(zmq.PAIR)
