@@ -379,7 +379,7 @@ def main() -> None:
         for run in range(args.runs):
             print(f"run {run + 1}  (load average {os.getloadavg()[0]:.2f})", flush=True)
             results["direct"].append(measure("direct", backend, None, args))
-            # a gateway measured first in a run was seen to take up to 15% less CPU than the
+            # a gateway measured first in a run was seen to take 15-20% less CPU than the
             # same code measured later, whatever the code: each run starts one further along
             labels = list(peers)
             shift = run % len(labels) if labels else 0
