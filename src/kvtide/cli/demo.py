@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,6 +206,36 @@ def dashboard(progress: Progress, done: list[dict[str, Any]]) -> Group:
     return Group(head, engines)
 
 
+async def interruptible(work: Awaitable[None]) -> None:
+    """Awaits ``work``; a Ctrl-C meanwhile raises KeyboardInterrupt out of it, always.
+
+    asyncio.run's own SIGINT handler only cancels the task. A cancellation absorbed anywhere
+    under the load would let asyncio.run return normally, and the demo would go on to the next
+    router (seen as an intermittent test_sigint_stops_every_child failure). So the handler is
+    this one, and the flag, not the cancellation, says it was an interrupt.
+    """
+    loop = asyncio.get_running_loop()
+    this = asyncio.current_task()
+    assert this is not None
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        this.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)  # back to the default: KeyboardInterrupt
+    if interrupted:
+        raise KeyboardInterrupt
+
+
 async def drive(
     url: str,
     engines: list[Engine],
@@ -260,10 +292,12 @@ def run_router(
         )
         progress = Progress(router, 0)
         if args.quiet:
-            asyncio.run(drive(gw.url, engines, progress, config, spec, None, done))
+            asyncio.run(interruptible(drive(gw.url, engines, progress, config, spec, None, done)))
         else:
             with Live(dashboard(progress, done), console=console, refresh_per_second=4) as live:
-                asyncio.run(drive(gw.url, engines, progress, config, spec, live, done))
+                asyncio.run(
+                    interruptible(drive(gw.url, engines, progress, config, spec, live, done))
+                )
     return progress.summary()
 
 
