@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from kvtide.cli.processes import free_port
 from revision import git_rev
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
@@ -49,12 +49,6 @@ BODY = json.dumps(
 
 
 DEFAULT_BARE = ["aiohttp+aiohttp", "granian+aiohttp", "granian+pool"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_backend(port: int, chunk_gap_s: float = 0.0) -> None:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kvtide.cli.processes import free_port
 from revision import git_rev
 
 CHUNK = b'data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" x"}]}\n\n'
@@ -221,12 +222,6 @@ def cpu_s(pid: int) -> float:
         except OSError:
             continue
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_listening(port: int, timeout_s: float = 20.0) -> None:

@@ -24,6 +24,7 @@ import aiohttp
 import openai
 from aiohttp import web
 
+from kvtide.cli.processes import free_port
 from kvtide.loadgen.client import stream
 from revision import git_rev
 
@@ -64,12 +65,6 @@ def serve(port: int, tokens: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 BODY: dict[str, Any] = {

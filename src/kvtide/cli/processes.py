@@ -12,6 +12,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,11 +30,59 @@ LOOPBACK = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
 
+_EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PORT = 10_000  # below: the well-known and registered services' ports
+_PICKED: set[int] = set()
+_RANDOM = random.Random()
+
+
 def free_port() -> int:
-    """A loopback port free now (the kernel's pick; another process may take it later)."""
+    """A loopback port free now, for a child to bind a moment later.
+
+    The kernel's own pick (bind to port 0) comes from the ephemeral range, the same range
+    every outgoing connection takes its source port from: between the pick and a slow child's
+    bind (seconds, on a cold start), a health poll's connection could take it, and the child
+    would fail with "Address already in use". So the pick comes from below that range, where
+    only listeners live, and never repeats within this process. Where the range is unknown or
+    leaves no room below it, the kernel picks.
+    """
+    low = _ephemeral_low()
+    if low is not None and low - _LOWEST_PORT <= 1024:
+        low = None  # no room below the range
+    for attempt in range(400):
+        if low is not None and attempt < 200:
+            port = _RANDOM.randrange(max(_LOWEST_PORT, low - 12_288), low)
+            if not _bindable(port):
+                continue
+        else:
+            port = _kernel_pick()
+        if port not in _PICKED:
+            _PICKED.add(port)
+            return port
+    raise KvtideError("no free loopback port found")
+
+
+def _kernel_pick() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        with open(_EPHEMERAL) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvtide.cli.processes import free_port
 from kvtide.loadgen import LoadConfig, Slo, schedule, summarize
 from kvtide.text import Tokenizer
 from kvtide.workloads import open_workload
@@ -158,12 +158,6 @@ def test_token_prompts_send_the_trace_ids_as_they_are(tmp_path: Path, server: Se
     assert [r["prompt_tokens"] for r in done] == [r["trace_prompt_tokens"] for r in done]
     assert [r["cached_tokens"] for r in done] == [0, 32]  # two shared 16-token blocks
     assert done[1]["scheduled_s"] == pytest.approx(0.025)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_connection_refused_is_an_error_kind_and_exit_1(tmp_path: Path) -> None:
