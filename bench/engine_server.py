@@ -23,8 +23,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.http_stack import free_port, measure
-
+from http_stack import measure
+from kvtide.cli.processes import free_port
 from revision import git_rev
 
 ROOT = Path(__file__).resolve().parents[1]
