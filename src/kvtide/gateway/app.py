@@ -23,6 +23,7 @@ import orjson
 from kvtide.asgi import Send
 from kvtide.clock import Clock, WallClock
 from kvtide.errors import KvtideError
+from kvtide.gateway.admission import Admission
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
 from kvtide.gateway.health import HealthChecker
 from kvtide.gateway.intake import EventIntake
@@ -88,9 +89,21 @@ class Gateway:
             tokenizer,
             config.prefix_cache_tokens,
         )
-        self.replicas = ReplicaSet(config.failover, config.block_tokens, self.clock)
+        self.replicas = ReplicaSet(
+            config.failover,
+            config.block_tokens,
+            self.clock,
+            cap=config.limits.max_in_flight_per_replica,
+        )
         for spec in config.replicas:
             self.replicas.add(spec)
+        self.admission = Admission(
+            self.replicas,
+            self.metrics,
+            self.clock.now,
+            config.limits.max_queued,
+            config.timeouts.queue_s,
+        )
         self.shadow: ShadowFleet | None = None
         if self.prompts.is_exact:
             self.index: GlobalPrefixIndex = GlobalPrefixIndex()
@@ -218,6 +231,7 @@ class Gateway:
     async def _discover(self, replica: Replica) -> None:
         if self.checker is not None:
             await self.checker.discover(replica)
+        self.admission.release()  # its models known: requests waiting for them may go
 
     def remove_replica(self, replica_id: ReplicaId) -> None:
         replica = self.replicas.remove(replica_id)
@@ -290,6 +304,7 @@ class Gateway:
 
     def _on_up(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(1)
+        self.admission.release()
         intake = self.intakes.get(replica.replica_id)
         if intake is not None:
             intake.restart()  # it may have restarted: rebuild from its replay buffer
@@ -390,6 +405,9 @@ class Gateway:
                 if self.replicas.get(rid) is None:
                     self.add_replica(spec)
         self._admin_key = new.admin_key
+        self.replicas.cap = new.limits.max_in_flight_per_replica
+        self.admission.max_queued = new.limits.max_queued
+        self.admission.release()  # a cap raised or lifted: waiters may go now
         self.config = dataclasses.replace(self.config, api_keys=new.api_keys, limits=new.limits)
         log.warning("reloaded %s", path or "the keys file")
 
@@ -449,6 +467,7 @@ class Gateway:
             self.metrics,
             self.clock.now,
             self.choose,
+            self.admission,
         )
         self.checker = HealthChecker(
             self.replicas, pool, self.clock.now, t.health_s, self._on_down, self._on_up

@@ -74,13 +74,24 @@ class Limits:
     """Per tenant unless its key entry says otherwise."""
     tokens_per_minute: int = 0
     """Per tenant (prompt + max_tokens, estimated); 0: unlimited."""
+    max_in_flight_per_replica: int = 0
+    """Requests in flight through this gateway per replica; beyond, requests wait at the
+    gateway and are routed as replicas free up (``gateway.admission``). 0: no cap."""
+    max_queued: int = 1024
+    """Requests waiting at the gateway under that cap; one more is a 503 (``queue_full``)."""
 
     def __post_init__(self) -> None:
         _check_bounds(
             "limits",
             self,
-            positive=("max_body_bytes", "max_prompt_chars", "max_prompt_tokens", "max_concurrency"),
-            non_negative=("tokens_per_minute",),
+            positive=(
+                "max_body_bytes",
+                "max_prompt_chars",
+                "max_prompt_tokens",
+                "max_concurrency",
+                "max_queued",
+            ),
+            non_negative=("tokens_per_minute", "max_in_flight_per_replica"),
         )
 
 
@@ -92,6 +103,9 @@ class Timeouts:
     health_s: float = 2.0
     drain_s: float = 30.0
     """SIGTERM: how long in-flight requests may take to finish."""
+    queue_s: float = 30.0
+    """Longest wait at the gateway for a replica with room (``limits.
+    max_in_flight_per_replica``); then a 503 (``queue_timeout``)."""
     keep_alive_s: float = KEEP_ALIVE_S
     """An idle client connection is closed after this; longer than the clients' and load
     balancers' own idle timeouts (``kvtide.asgi.runner.KEEP_ALIVE_S`` says why)."""
@@ -100,7 +114,7 @@ class Timeouts:
         _check_bounds(
             "timeouts",
             self,
-            positive=("connect_s", "read_s", "health_s", "keep_alive_s"),
+            positive=("connect_s", "read_s", "health_s", "keep_alive_s", "queue_s"),
             non_negative=("drain_s",),
         )
 

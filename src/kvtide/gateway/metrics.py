@@ -73,6 +73,17 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.queued = Gauge(
+            "kvtide_gateway_queued",
+            "Requests waiting at the gateway for a replica under limits.max_in_flight_per_replica",
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "kvtide_gateway_queue_wait_seconds",
+            "Time a request waited at the gateway for a replica with room (queued ones only)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(
             "kvtide_gateway_replica_in_flight",
             "Requests in flight through this gateway",

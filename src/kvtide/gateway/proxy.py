@@ -17,6 +17,7 @@ from collections.abc import Callable
 from kvtide.asgi import Send, respond
 from kvtide.asgi.messages import end_stream, send_chunk, start_stream
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
+from kvtide.gateway.admission import Admission
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
@@ -61,6 +62,7 @@ class Proxy:
         metrics: GatewayMetrics,
         now_s: Callable[[], float],
         choose: Callable[[RouteRequest, str, ReplicaId | None], Chosen | None],
+        admission: Admission,
     ) -> None:
         self.replicas = replicas
         self.router = router
@@ -69,6 +71,7 @@ class Proxy:
         self.now_s = now_s
         self.choose = choose
         """The gateway's routing step (``Gateway.choose``): candidates, router, metrics."""
+        self.admission = admission
 
     async def forward(
         self,
@@ -84,6 +87,8 @@ class Proxy:
         tried = None
         last: _Failed | None = None
         for attempt in range(2):
+            # under a cap per replica: wait for room, then route at once (no await between)
+            await self.admission.wait(model, tried)
             chosen = self.choose(route, model, tried)
             if chosen is None:
                 break
@@ -153,6 +158,7 @@ class Proxy:
         finally:
             replica.in_flight -= 1
             gauge.dec()
+            self.admission.release()
             if resp is not None:
                 resp.close()  # mid-stream (cancelled, failed): the engine sees it go away
             if booking.prefilled:

@@ -107,11 +107,15 @@ class Replica:
 
 
 class ReplicaSet:
-    def __init__(self, failover: Failover, block_tokens: int, clock: Clock) -> None:
+    def __init__(self, failover: Failover, block_tokens: int, clock: Clock, cap: int = 0) -> None:
         self.failover = failover
         self.block_tokens = block_tokens
         self.clock = clock
         self.by_id: dict[ReplicaId, Replica] = {}
+        self.cap = cap
+        """Requests in flight through this gateway per replica (``limits.
+        max_in_flight_per_replica``); 0: no cap. A replica at the cap takes no more until
+        one ends (``gateway.admission`` holds the rest)."""
 
     def __iter__(self) -> Iterator[Replica]:
         return iter(list(self.by_id.values()))
@@ -137,11 +141,30 @@ class ReplicaSet:
         return sorted(out)
 
     def candidates(self, model: str, exclude: ReplicaId | None = None) -> list[Replica]:
+        """The replicas serving ``model`` that can take a request now."""
+        cap = self.cap
         return [
             r
             for r in self.by_id.values()
-            if model in r.models and r.can_take() and r.replica_id != exclude
+            if model in r.models
+            and r.can_take()
+            and r.replica_id != exclude
+            and (not cap or r.in_flight < cap)
         ]
+
+    def serving(self, model: str, exclude: ReplicaId | None = None) -> bool:
+        """Whether a replica serves ``model`` and is up (full or not)."""
+        return any(
+            model in r.models and not r.is_down and not r.draining and r.replica_id != exclude
+            for r in self.by_id.values()
+        )
+
+    def room(self, replica: Replica) -> int:
+        """More requests ``replica`` can take now, under the cap and its slow start."""
+        limits = [n for n in (self.cap, replica.allowance) if n]
+        if not limits:
+            return 1 << 30
+        return max(min(limits) - replica.in_flight, 0)
 
     def serves(self, model: str) -> bool:
         return any(model in r.models for r in self.by_id.values())

@@ -32,6 +32,8 @@ RATE_LIMITED = Status(429, "rate_limit_error", "rate_limit_exceeded")
 INTERNAL = Status(500, "internal_error", "internal_error")
 BAD_GATEWAY = Status(502, "upstream_error", "upstream_error")
 UNAVAILABLE = Status(503, "service_unavailable", "no_healthy_replica")
+QUEUE_FULL = Status(503, "service_unavailable", "queue_full")
+QUEUE_TIMEOUT = Status(503, "service_unavailable", "queue_timeout")
 GATEWAY_TIMEOUT = Status(504, "upstream_error", "upstream_timeout")
 
 

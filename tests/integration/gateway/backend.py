@@ -30,7 +30,9 @@ class Backend:
         self.delay_s = delay_s
         self.mode = mode
         self.prompts: dict[str | None, list[str]] = {}
-        self.stats = {"requests": 0, "aborted": 0, "running": 0, "salts": [], "bodies": []}
+        self.stats = {
+            "requests": 0, "aborted": 0, "running": 0, "max_running": 0, "salts": [], "bodies": [],
+        }  # fmt: skip
 
     def cached(self, salt: str | None, text: str) -> int:
         best = 0
@@ -95,6 +97,7 @@ def build(b: Backend) -> web.Application:
         kind = "chat.completion" if is_chat else "text_completion"
         created = int(time.time())
         b.stats["running"] += 1
+        b.stats["max_running"] = max(b.stats["max_running"], b.stats["running"])
         try:
             if not body.get("stream"):
                 await asyncio.sleep(b.delay_s * n)
