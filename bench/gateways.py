@@ -22,7 +22,9 @@ skipped):
    "sizing". Each gateway gets freshly restarted engines (cold caches) and the same
    requests; ``--workloads`` picks chat, mooncake or both. ``--repeat N`` runs every gateway
    N times, in rounds (all gateways, then all again), and prints medians; the JSON keeps each
-   run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with options beside.
+   run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with options beside, and
+   ``--only "kvtide cost cap 4"`` one with ``limits.max_in_flight_per_replica: 4`` (requests
+   beyond 4 per engine wait in the gateway's queue).
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
@@ -31,7 +33,8 @@ skipped):
 3. hot prefixes: every request carries one of two long system prompts, engines batch at most
    ``--hot-max-seqs`` sequences so they queue: per engine, the share of requests served, and
    the fraction of samples (every 0.2 s from the engines' /metrics) in which some engine is
-   idle while another has requests waiting, in all and while the requests are being sent
+   idle while requests wait, at another engine or in kvtide's own queue (its
+   ``kvtide_gateway_queued``), in all and while the requests are being sent
    (after the last send, an engine that finished its share idles beside another's queue
    whatever the router did). As the workloads: fresh engines for each run,
    ``--repeat`` rounds, one text per round for every gateway (which replicas the two prefixes
@@ -49,6 +52,7 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -85,6 +89,9 @@ KVTIDE_TEXT = "kvtide cost (text mode)"
 # `cost` with options, token mode (``kvtide cost:evict_weight=1``, routing/cost.py): run only
 # when named in --only
 KVTIDE_VARIANT = "kvtide cost:"
+# `cost` in token mode with limits.max_in_flight_per_replica N (``kvtide cost cap 4``): late
+# binding, requests beyond N per engine wait in the gateway's queue; run only when named
+KVTIDE_CAP = "kvtide cost cap "
 # name -> (module, policy, log level): started by module (sglang-router and smg both install an
 # `smg` script), --host 127.0.0.1, distinct --prometheus-ports (PEERS.md)
 PEERS: dict[str, tuple[str, str, str]] = {
@@ -151,9 +158,14 @@ class Front:
 def start_front(
     name: str, group: ProcessGroup, engines: Sequence[Engine], peers_python: Path
 ) -> Front:
-    if name in (KVTIDE, KVTIDE_TEXT) or name.startswith(KVTIDE_VARIANT):
+    if name in (KVTIDE, KVTIDE_TEXT) or name.startswith((KVTIDE_VARIANT, KVTIDE_CAP)):
         extra = [] if name == KVTIDE_TEXT else ["--tokenizer", "smollm2"]
         policy = name.removeprefix("kvtide ") if name.startswith(KVTIDE_VARIANT) else "cost"
+        if name.startswith(KVTIDE_CAP):
+            config = Path(tempfile.mkdtemp()) / "limits.yaml"
+            cap = int(name.removeprefix(KVTIDE_CAP))
+            config.write_text(f"limits:\n  max_in_flight_per_replica: {cap}\n")
+            extra += ["--config", str(config)]
         gw = start_gateway(group, engines, policy, extra)
         wait_routable(gw.url, gw.process)  # the tokenizer loads on first use: not measured
         return Front(name, gw.url, gw.process)
@@ -278,7 +290,7 @@ def run_names(fronts: Sequence[str], only: str | None) -> list[str]:
     """The gateways a phase runs, in order: kvtide, its text mode and the ``kvtide cost:``
     variants named in ``only``, then the peers; narrowed to ``only`` when given."""
     chosen = only.split(",") if only else []
-    variants = [n for n in chosen if n.startswith(KVTIDE_VARIANT)]
+    variants = [n for n in chosen if n.startswith((KVTIDE_VARIANT, KVTIDE_CAP))]
     names = [*fronts[:1], KVTIDE_TEXT, *variants, *fronts[1:]]
     return [n for n in names if not chosen or n in chosen]
 
@@ -515,15 +527,25 @@ def overhead_run(front: Front, engines: Sequence[Engine], args: argparse.Namespa
     }
 
 
-def count_samples(samples: Sequence[tuple[bool, Sequence[tuple[float, float]]]]) -> dict[str, int]:
+Sample = (
+    tuple[bool, Sequence[tuple[float, float]]] | tuple[bool, Sequence[tuple[float, float]], float]
+)
+
+
+def count_samples(samples: Sequence[Sample]) -> dict[str, int]:
     """The hot phase's counts from its samples, each (sent while sending, one (running,
-    waiting) per engine): those with a queue somewhere, those where beside it an engine has
-    nothing at all, and how many of each came before the last request was sent."""
-    queued = [(sent, s) for sent, s in samples if any(w > 0 for _, w in s)]
+    waiting) per engine[, requests waiting at the gateway itself]): those with a queue
+    somewhere, engines' or the gateway's, those where beside it an engine has nothing at all,
+    and how many of each came before the last request was sent."""
+    queued = [
+        (x[0], x[1])
+        for x in samples
+        if any(w > 0 for _, w in x[1]) or (x[2] if len(x) > 2 else 0.0) > 0
+    ]
     idle = [sent for sent, s in queued if any(r + w == 0 for r, w in s)]
     return {
         "samples": len(samples),
-        "samples_sending": sum(sent for sent, _ in samples),
+        "samples_sending": sum(x[0] for x in samples),
         "samples_with_queue": len(queued),
         "samples_idle_while_queued": len(idle),
         "samples_idle_while_queued_sending": sum(idle),
@@ -554,7 +576,7 @@ def hot_run(
     # (sending, one (running, waiting) per engine): the drain after the last send is apart,
     # since there an engine that finished its share idles beside another's queue whatever
     # the router did
-    samples: list[tuple[bool, list[tuple[float, float]]]] = []
+    samples: list[Sample] = []
     sending = [True]
     served0: dict[str, float] = {}
 
@@ -573,10 +595,23 @@ def hot_run(
                 out[e.url] = values
         return out
 
+    async def front_queued() -> float:
+        """Requests waiting in kvtide's own queue (``limits.max_in_flight_per_replica``)."""
+        if not front.name.startswith("kvtide") or front.url is None:
+            return 0.0
+        url = f"{front.url}/metrics"
+        async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(2)) as r:
+            text = await r.text()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("kvtide_gateway_queued ")
+        )
+
     async def tick() -> None:
         snap = await scrape_all()
         engines_now = [(v.get("running", 0.0), v.get("waiting", 0.0)) for v in snap.values()]
-        samples.append((sending[0], engines_now))
+        samples.append((sending[0], engines_now, await front_queued()))
 
     served0 = {u: v["served"] for u, v in asyncio.run(scrape_all()).items()}
     assert front.url is not None

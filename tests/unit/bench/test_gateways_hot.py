@@ -21,13 +21,16 @@ def test_count_samples_counts_an_idle_engine_only_beside_a_queue() -> None:
         (True, [QUEUED, IDLE]),  # idle beside a queue, while sending
         (False, [QUEUED, IDLE]),  # ... in the drain
         (False, [(0.0, 2.0), BUSY]),  # an engine waiting with none running is not idle
+        (True, [BUSY, IDLE], 0.0),  # the gateway's own queue empty: nobody waits
+        (True, [BUSY, IDLE], 3.0),  # idle beside requests waiting at the gateway
+        (True, [BUSY, BUSY], 3.0),  # waiting at the gateway, every engine busy
     ]
     assert gateways.count_samples(samples) == {
-        "samples": 6,
-        "samples_sending": 4,
-        "samples_with_queue": 4,
-        "samples_idle_while_queued": 2,
-        "samples_idle_while_queued_sending": 1,
+        "samples": 9,
+        "samples_sending": 7,
+        "samples_with_queue": 6,
+        "samples_idle_while_queued": 3,
+        "samples_idle_while_queued_sending": 2,
     }
 
 
