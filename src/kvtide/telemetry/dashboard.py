@@ -14,17 +14,28 @@ from typing import Any
 from kvtide.telemetry import metrics as m
 
 SEL = 'instance=~"$instance"'
+# `kvtide serve`'s own families (kvtide.gateway.metrics declares them; telemetry does not
+# import the gateway): tests/unit/gateway/test_metrics_on_dashboard.py checks the names
+GATEWAY_REQUESTS = "kvtide_gateway_requests_total"
+GATEWAY_FIRST_BYTE = "kvtide_gateway_first_byte_seconds"
+GATEWAY_IN_FLIGHT = "kvtide_gateway_replica_in_flight"
+GATEWAY_QUEUED = "kvtide_gateway_queued"
+GATEWAY_METRICS = (GATEWAY_REQUESTS, GATEWAY_FIRST_BYTE, GATEWAY_IN_FLIGHT, GATEWAY_QUEUED)
 DEVICE = 'tier="device"'
 EVICTED = 'cause="evicted"'
 
 
-def _q(metric: m.Metric, extra: str = "") -> str:
+def _q(metric: m.Metric | str, extra: str = "") -> str:
     inner = ", ".join(x for x in (extra, SEL) if x)
-    return f"{metric.name}{{{inner}}}"
+    return f"{_name(metric)}{{{inner}}}"
 
 
-def _quantiles(metric: m.Metric) -> list[tuple[str, str]]:
-    bucket = f"{metric.name}_bucket{{{SEL}}}"
+def _name(metric: m.Metric | str) -> str:
+    return metric if isinstance(metric, str) else metric.name
+
+
+def _quantiles(metric: m.Metric | str) -> list[tuple[str, str]]:
+    bucket = f"{_name(metric)}_bucket{{{SEL}}}"
     return [
         (f"p{int(q * 100)}", f"histogram_quantile({q}, sum by (le) (rate({bucket}[5m])))")
         for q in (0.5, 0.9, 0.99)
@@ -161,6 +172,20 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     ("Prefix replication factor", "short", [("replicas", f"max({_q(m.REPLICATION)})")]),
+    (
+        "Gateway requests by status",
+        "reqps",
+        [("{{status}}", f"sum by (status) (rate({_q(GATEWAY_REQUESTS)}[5m]))")],
+    ),
+    ("Gateway time to first byte", "s", _quantiles(GATEWAY_FIRST_BYTE)),
+    (
+        "Gateway requests in flight and queued",
+        "short",
+        [
+            ("{{replica}}", f"sum by (replica) ({_q(GATEWAY_IN_FLIGHT)})"),
+            ("queued at the gateway", f"sum({_q(GATEWAY_QUEUED)})"),
+        ],
+    ),
 ]
 
 
