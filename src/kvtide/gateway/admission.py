@@ -59,12 +59,11 @@ class Admission:
         self.now_s = now_s
         self.max_queued = max_queued
         self.timeout_s = timeout_s
-        self._lines: dict[str, deque[_Waiter]] = {}
-        self._waiting = 0
+        self._lines: dict[str, deque[_Waiter]] = {}  # no empty line kept: {} is nobody waiting
         self._woken: Counter[str] = Counter()  # per model: slots handed out, not yet taken
 
     def __len__(self) -> int:
-        return self._waiting
+        return sum(len(line) for line in self._lines.values())
 
     async def wait(self, model: str, exclude: ReplicaId | None = None) -> None:
         """Returns once a replica serving ``model`` (other than ``exclude``) can take a request
@@ -79,12 +78,12 @@ class Admission:
             return
         if not replicas.serving(model, exclude):
             return
-        if self._waiting >= self.max_queued:
+        waiting = len(self)
+        if waiting >= self.max_queued:
             self.metrics.child(self.metrics.rejected, "queue_full").inc()
             raise ApiError(
                 QUEUE_FULL,
-                f"{self._waiting} requests already wait for a replica with room "
-                f"(limits.max_queued)",
+                f"{waiting} requests already wait for a replica with room (limits.max_queued)",
                 retry_after_s=1.0,
             )
         waiter = _Waiter(model, exclude)
@@ -126,7 +125,6 @@ class Admission:
             line.appendleft(waiter)
         else:
             line.append(waiter)
-        self._waiting += 1
 
     def _dequeue(self, waiter: _Waiter) -> None:
         line = self._lines.get(waiter.model)
@@ -134,7 +132,6 @@ class Admission:
             return
         with contextlib.suppress(ValueError):
             line.remove(waiter)
-            self._waiting -= 1
         if not line:
             del self._lines[waiter.model]
 
@@ -147,7 +144,7 @@ class Admission:
     def release(self) -> None:
         """Slots may have freed (a request ended, a replica came back, was added, or the cap
         was raised): wakes the first waiters that can be routed now, one per free slot."""
-        if not self._waiting:
+        if not self._lines:
             return
         replicas = self.replicas
         woken = self._woken
