@@ -47,15 +47,14 @@ def free_port() -> int:
     leaves no room below it, the kernel picks.
     """
     low = _ephemeral_low()
-    if low is not None and low - _LOWEST_PORT <= 1024:
-        low = None  # no room below the range
-    for attempt in range(400):
-        if low is not None and attempt < 200:
+    if low is not None and low - _LOWEST_PORT > 1024:  # room below the range
+        for _ in range(200):
             port = _RANDOM.randrange(max(_LOWEST_PORT, low - 12_288), low)
-            if not _bindable(port):
-                continue
-        else:
-            port = _kernel_pick()
+            if port not in _PICKED and _bindable(port):
+                _PICKED.add(port)
+                return port
+    for _ in range(200):
+        port = _kernel_pick()
         if port not in _PICKED:
             _PICKED.add(port)
             return port
