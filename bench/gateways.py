@@ -527,25 +527,19 @@ def overhead_run(front: Front, engines: Sequence[Engine], args: argparse.Namespa
     }
 
 
-Sample = (
-    tuple[bool, Sequence[tuple[float, float]]] | tuple[bool, Sequence[tuple[float, float]], float]
-)
+Sample = tuple[bool, Sequence[tuple[float, float]], float]
+"""(sent while sending, one (running, waiting) per engine, requests waiting at the gateway)"""
 
 
 def count_samples(samples: Sequence[Sample]) -> dict[str, int]:
-    """The hot phase's counts from its samples, each (sent while sending, one (running,
-    waiting) per engine[, requests waiting at the gateway itself]): those with a queue
-    somewhere, engines' or the gateway's, those where beside it an engine has nothing at all,
-    and how many of each came before the last request was sent."""
-    queued = [
-        (x[0], x[1])
-        for x in samples
-        if any(w > 0 for _, w in x[1]) or (x[2] if len(x) > 2 else 0.0) > 0
-    ]
+    """The hot phase's counts from its samples: those with a queue somewhere, engines' or the
+    gateway's, those where beside it an engine has nothing at all, and how many of each came
+    before the last request was sent."""
+    queued = [(sent, s) for sent, s, gw in samples if gw > 0 or any(w > 0 for _, w in s)]
     idle = [sent for sent, s in queued if any(r + w == 0 for r, w in s)]
     return {
         "samples": len(samples),
-        "samples_sending": sum(x[0] for x in samples),
+        "samples_sending": sum(sent for sent, _, _ in samples),
         "samples_with_queue": len(queued),
         "samples_idle_while_queued": len(idle),
         "samples_idle_while_queued_sending": sum(idle),
@@ -573,7 +567,7 @@ def hot_run(
         )
         for i in range(n)
     ]
-    # (sending, one (running, waiting) per engine): the drain after the last send is apart,
+    # (sending, per engine, at the gateway): the drain after the last send is apart,
     # since there an engine that finished its share idles beside another's queue whatever
     # the router did
     samples: list[Sample] = []

@@ -15,12 +15,12 @@ BUSY, IDLE, QUEUED = (4.0, 0.0), (0.0, 0.0), (4.0, 3.0)
 
 def test_count_samples_counts_an_idle_engine_only_beside_a_queue() -> None:
     samples = [
-        (True, [BUSY, BUSY]),  # no queue
-        (True, [IDLE, BUSY]),  # idle, but nobody waits
-        (True, [QUEUED, BUSY]),  # a queue, every engine busy
-        (True, [QUEUED, IDLE]),  # idle beside a queue, while sending
-        (False, [QUEUED, IDLE]),  # ... in the drain
-        (False, [(0.0, 2.0), BUSY]),  # an engine waiting with none running is not idle
+        (True, [BUSY, BUSY], 0.0),  # no queue
+        (True, [IDLE, BUSY], 0.0),  # idle, but nobody waits
+        (True, [QUEUED, BUSY], 0.0),  # a queue, every engine busy
+        (True, [QUEUED, IDLE], 0.0),  # idle beside a queue, while sending
+        (False, [QUEUED, IDLE], 0.0),  # ... in the drain
+        (False, [(0.0, 2.0), BUSY], 0.0),  # an engine waiting with none running is not idle
         (True, [BUSY, IDLE], 0.0),  # the gateway's own queue empty: nobody waits
         (True, [BUSY, IDLE], 3.0),  # idle beside requests waiting at the gateway
         (True, [BUSY, BUSY], 3.0),  # waiting at the gateway, every engine busy
@@ -37,7 +37,7 @@ def test_count_samples_counts_an_idle_engine_only_beside_a_queue() -> None:
 def test_summed_hot_row_sums_every_count_and_takes_medians() -> None:
     def run(idle_sending: int, p50: float | None) -> dict[str, object]:
         counts = gateways.count_samples(
-            [(True, [QUEUED, IDLE])] * idle_sending + [(False, [QUEUED, IDLE])]
+            [(True, [QUEUED, IDLE], 0.0)] * idle_sending + [(False, [QUEUED, IDLE], 0.0)]
         )
         ttft = {"p50": p50, "p99": None if p50 is None else 2 * p50}
         return {
