@@ -14,9 +14,13 @@ ends: by then the engine's events have confirmed it (the index then answers the 
 contradicted it (eviction, a lost batch repaired by a resync), and the index is trusted again.
 ``hold_s`` defaults to the worst event lag the index health has seen.
 
-Entries are refcounted per (block, replica), so overlapping prompts (turn 2 extends turn 1)
+Entries are refcounted per replica and block, so overlapping prompts (turn 2 extends turn 1)
 keep the shared blocks until the last of them expires, and what a replica holds provisionally
 is always a prefix-closed set of chained hashes: the longest held prefix is found by bisection.
+Each replica has one flat dict, block hash -> refs: recording and expiring a 2k-token prompt's
+120 blocks costs ~20 us, against ~40 us with a dict of replicas per block (120 small dicts made
+and dropped per request), and the gateway pays it on every request. A plain ``dict``, not a
+``Counter``: a Counter's subscripts from Python cost ~6x a dict's.
 """
 
 from __future__ import annotations
@@ -33,18 +37,19 @@ from kvtide.types import BlockHash, ReplicaId
 class ProvisionalEntries:
     """Blocks a router expects replicas to hold because it sent them there."""
 
-    __slots__ = ("_blocks", "_expiring", "_hold_s", "_live", "_now")
+    __slots__ = ("_expiring", "_held", "_hold_s", "_live", "_now")
 
     def __init__(self, now: Callable[[], float], hold_s: Callable[[], float]) -> None:
         self._now = now
         self._hold_s = hold_s
-        self._blocks: dict[int, dict[ReplicaId, int]] = {}  # block hash -> replica -> refs
+        self._held: dict[ReplicaId, dict[BlockHash, int]] = {}  # replica -> block hash -> refs
         self._live: dict[str, tuple[ReplicaId, list[BlockHash]]] = {}  # request id -> entry
         self._expiring: deque[tuple[float, ReplicaId, list[BlockHash]]] = deque()
 
     def __len__(self) -> int:
-        """Blocks with at least one provisional holder."""
-        return len(self._blocks)
+        """Blocks with at least one provisional holder (a union over replicas: for tests and
+        diagnostics, not the request path)."""
+        return len(set().union(*self._held.values()))
 
     def record(self, request_id: str, replica: ReplicaId, hashes: BlockHashes) -> None:
         """``request_id`` was sent to ``replica``: it will hold ``hashes`` (full blocks)."""
@@ -52,13 +57,12 @@ class ProvisionalEntries:
         if not hashes or request_id in self._live:
             return
         blocks = hashes.tolist()
-        table = self._blocks
+        held = self._held.get(replica)
+        if held is None:
+            held = self._held[replica] = {}
+        get = held.get
         for h in blocks:
-            refs = table.get(h)
-            if refs is None:
-                table[h] = {replica: 1}
-            else:
-                refs[replica] = refs.get(replica, 0) + 1
+            held[h] = get(h, 0) + 1
         self._live[request_id] = (replica, blocks)
 
     def done(self, request_id: str) -> None:
@@ -71,35 +75,33 @@ class ProvisionalEntries:
     def expire(self) -> None:
         now = self._now()
         q = self._expiring
-        table = self._blocks
         while q and q[0][0] <= now:
             _, replica, blocks = q.popleft()
+            held = self._held[replica]
+            pop = held.pop
             for h in blocks:
-                refs = table[h]
-                left = refs[replica] - 1
-                if left:
-                    refs[replica] = left
-                elif len(refs) == 1:
-                    del table[h]
-                else:
-                    del refs[replica]
+                refs = pop(h)
+                if refs > 1:
+                    held[h] = refs - 1
+            if not held:
+                del self._held[replica]
 
     def match(self, hashes: BlockHashes) -> dict[ReplicaId, int]:
         """Per replica, the longest prefix of ``hashes`` it holds provisionally."""
-        table = self._blocks
-        if not table or not hashes:
+        if not self._held or not hashes:
             return {}
-        first = table.get(hashes[0])
-        if not first:
-            return {}
-        ints = hashes.tolist()
+        first = hashes[0]
+        ints: list[BlockHash] | None = None
         out: dict[ReplicaId, int] = {}
-        for replica in first:
+        for replica, held in self._held.items():
+            if first not in held:
+                continue
+            if ints is None:
+                ints = hashes.tolist()
             lo, hi = 1, len(ints)  # holds ints[:lo]; find the largest such lo
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                refs = table.get(ints[mid - 1])
-                if refs is not None and replica in refs:
+                if ints[mid - 1] in held:
                     lo = mid
                 else:
                     hi = mid - 1

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kvtide.clock import ManualClock
 from kvtide.routing.index import GlobalPrefixIndex, PrefixMatch
 from kvtide.routing.policies import RoutingContext
@@ -103,3 +106,56 @@ def test_precise_credits_its_own_decisions_too() -> None:
     assert (d2.replica, d2.reason, d2.cached_blocks) == (d1.replica, "affinity", 3)
     policy.on_complete(turn1, d1.replica)  # no lag seen: the entry ends with its request
     assert policy.choose(turn2, reps).reason == "cold"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["record", "done", "advance"]),
+            st.integers(0, 7),  # request
+            st.sampled_from([A, B, ReplicaId("c")]),
+            st.lists(st.integers(0, 2), min_size=0, max_size=6),  # the prompt's blocks
+        ),
+        max_size=60,
+    ),
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=7), min_size=1, max_size=5),
+)
+def test_matches_a_reference_that_scans_every_unexpired_entry(
+    ops: list[tuple[str, int, ReplicaId, list[int]]], probes: list[list[int]]
+) -> None:
+    """Differential: per replica, the longest prefix of a probe whose blocks all belong to
+    one of its entries in flight or within ``hold_s`` of their end, found by a scan."""
+    clock = ManualClock()
+    entries = ProvisionalEntries(clock.now, lambda: 1.0)
+    live: dict[str, tuple[ReplicaId, set[int]]] = {}
+    ended: list[tuple[float, ReplicaId, set[int]]] = []
+    for op, i, replica, ids in ops:
+        rid = f"q{i}"
+        if op == "record":
+            hashes = prompt(ids)
+            entries.record(rid, replica, hashes)
+            if hashes and rid not in live:
+                live[rid] = (replica, set(hashes.tolist()))
+        elif op == "done":
+            entries.done(rid)
+            if rid in live:
+                ended.append((clock.now() + 1.0, *live.pop(rid)))
+        else:
+            clock.advance(0.4)
+    entries.expire()
+    now = clock.now()
+    held: dict[ReplicaId, set[int]] = {}
+    for replica, blocks in [*live.values(), *((r, b) for t, r, b in ended if t > now)]:
+        held.setdefault(replica, set()).update(blocks)
+    assert len(entries) == len(set().union(*held.values()))
+    for ids in probes:
+        ints = prompt(ids).tolist()
+        want = {}
+        for replica, blocks in held.items():
+            n = 0
+            while n < len(ints) and ints[n] in blocks:
+                n += 1
+            if n:
+                want[replica] = n
+        assert entries.match(prompt(ids)) == want
