@@ -149,7 +149,7 @@ def _kvtide_telemetry_systems() -> tuple[type[System], type[System]]:
             self.n = 0
 
         def step(self, tokens: Any) -> int:
-            cached = super().step(tokens)
+            cached: int = super().step(tokens)
             self.cache.count_lookup(self._last_hashes, self._last_hit, len(tokens))
             self.n += 1
             if self.n % COLLECT_EVERY == 0:

@@ -213,7 +213,7 @@ def main() -> int:
         return 2
     print(f"early_warning  git {git_rev()}  detector {config}")
     print(f"  shrink {shrink}; degraded = rolling 5-min TTFT p99 > {DEGRADED} x steady run's")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for workload in args.workloads:
         scenario = Scenario(
             workload=workload,

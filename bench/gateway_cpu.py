@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from kvtide.cli.processes import free_port
+from kvtide.gateway.upstream import UpstreamPool
 from revision import git_rev
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"tok "}}]}\n\n'
@@ -87,12 +88,10 @@ class _Upstream:
         self.kind = kind
         self.base = base
         self.session: aiohttp.ClientSession | None = None
-        self.pool = None
+        self.pool: UpstreamPool | None = None
 
     async def start(self) -> None:
         if self.kind == "pool":
-            from kvtide.gateway.upstream import UpstreamPool
-
             self.pool = UpstreamPool(5.0, 30.0)
         else:
             self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,6 @@ from gateways import (
     MODEL,
     Front,
     gateways_to_run,
-    git_rev,
     peer_python,
     start_front,
     wait_routable,
@@ -71,6 +70,7 @@ from kvtide.cli.processes import (
     proc_cpu_s,
     start_gateway,
 )
+from revision import git_rev
 
 KVTIDE_TEXT = "kvtide cost (text)"
 KVTIDE_TOKENS = "kvtide cost (tokens)"
@@ -191,6 +191,10 @@ class _BackendProtocol(asyncio.Protocol):
             self.transport.close()
 
 
+def _protocol_factory(state: _Port) -> Callable[[], _BackendProtocol]:
+    return lambda: _BackendProtocol(state)
+
+
 def serve_backends(ports: Sequence[int]) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -198,9 +202,7 @@ def serve_backends(ports: Sequence[int]) -> None:
         for p in ports:
             state = _Port()
             servers.append(
-                await loop.create_server(
-                    lambda state=state: _BackendProtocol(state), LOOPBACK, p, backlog=1024
-                )
+                await loop.create_server(_protocol_factory(state), LOOPBACK, p, backlog=1024)
             )
         print("serving", file=sys.stderr, flush=True)
         await asyncio.Event().wait()
@@ -264,7 +266,9 @@ _WORDS = [
 ]
 
 
-def chat_bodies(conversations: int, system_prompts: int, system_chars: int, seed: int) -> list:
+def chat_bodies(
+    conversations: int, system_prompts: int, system_chars: int, seed: int
+) -> list[bytes]:
     """Every turn of ``conversations`` chats (1–4 turns each, 300-char user turns, short
     answers), each over one of ``system_prompts`` shared system prompts: non-streamed chat
     bodies, turns interleaved so consecutive requests belong to different conversations."""
@@ -461,10 +465,13 @@ def measure(
     backends_pid: int,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"closed": {}}
+    url = front.url
+    assert url is not None, "every front here has a URL (direct: the first backend's)"
+    run_wrk(url, *files, args.concurrency[-1], 1, args.threads)  # warm-up, not counted
     before = requests_answered(backends)
     for c in args.concurrency:
         cpu0, bcpu0 = front.cpu_s(), proc_cpu_s(backends_pid)
-        r = run_wrk(front.url, files[0], files[1], c, args.duration, args.threads)
+        r = run_wrk(url, files[0], files[1], c, args.duration, args.threads)
         n = max(1, r["requests"])
         r["cpu_us_per_request"] = (front.cpu_s() - cpu0) / n * 1e6
         # the stand-in's own share of the client core (vllm-router's /tokenize calls weigh here)
@@ -473,7 +480,7 @@ def measure(
     served = [b - a for a, b in zip(before, requests_answered(backends), strict=True)]
     out["served_per_backend"] = served
     if args.rate > 0:
-        targets = [b.url for b in backends] if front.child is None else [front.url]
+        targets = [b.url for b in backends] if front.child is None else [url]
         lat, errors = asyncio.run(
             open_loop(targets, bodies, args.rate, args.rate_duration, args.seed + run)
         )
@@ -637,7 +644,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in names:
                 front = start(name, group, backends, python, gateway_cpus)
                 try:
-                    run_wrk(front.url, *files, args.concurrency[-1], 1, args.threads)  # warm-up
                     r = measure(front, backends, args, files, bodies, run, stand_in.pid)
                 finally:
                     if front.child is not None:

@@ -329,7 +329,9 @@ class Plan:
     engine_args: list[str]
 
 
-def size_engines(requests: Sequence[Any], wall_s: float, args: argparse.Namespace) -> dict:
+def size_engines(
+    requests: Sequence[Any], wall_s: float, args: argparse.Namespace
+) -> dict[str, Any]:
     """KV per engine from the workload's working set, engine speed from its offered load.
 
     KV: the fleet holds ``--kv-fraction`` of the KV the workload needs, split over the
@@ -500,7 +502,9 @@ def _body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     }
 
 
-def overhead_run(front: Front, engines: Sequence[Engine], args: argparse.Namespace) -> dict:
+def overhead_run(
+    front: Front, engines: Sequence[Engine], args: argparse.Namespace
+) -> dict[str, Any]:
     n = int(args.overhead_rate * args.overhead_duration)
     bodies = chat_bodies(n, args.seed, 2)
     if front.url is None:

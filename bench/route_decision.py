@@ -27,6 +27,7 @@ import tracemalloc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from kvtide.routing import (
     RouteDecision,
     RouteRequest,
     RoutingContext,
+    RoutingPolicy,
     make_policy,
 )
 from kvtide.types import ReplicaId
@@ -70,10 +72,10 @@ def build_fleet(rng: np.random.Generator, n: int, blocks_per_replica: int, n_blo
     replicas = [
         ReplicaState(f"replica-{i:03d}", capacity_blocks=blocks_per_replica) for i in range(n)
     ]
-    for r in replicas:  # some load, so that load terms matter
-        r.num_requests = int(rng.integers(0, 8))
-        r.queued_prefill_tokens = int(rng.integers(0, 20_000))
-        r.decode_tokens = int(rng.integers(0, 200_000))
+    for rep in replicas:  # some load, so that load terms matter
+        rep.num_requests = int(rng.integers(0, 8))
+        rep.queued_prefill_tokens = int(rng.integers(0, 20_000))
+        rep.decode_tokens = int(rng.integers(0, 200_000))
     return Fleet(replicas, chains, holders, systems)
 
 
@@ -170,7 +172,7 @@ def time_calls(fn, requests: list[RouteRequest], repeats: int) -> dict[str, floa
     return {k: statistics.median(r[i] for r in runs) for i, k in enumerate(keys)}
 
 
-def run(n: int, args: argparse.Namespace) -> dict[str, object]:
+def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     n_blocks = args.prompt_tokens // BLOCK_TOKENS
     fleet = build_fleet(rng, n, args.blocks_per_replica, n_blocks)
@@ -194,7 +196,7 @@ def run(n: int, args: argparse.Namespace) -> dict[str, object]:
     ctx = RoutingContext(
         clock=ManualClock(), block_tokens=BLOCK_TOKENS, index=index, rng=random.Random(args.seed)
     )
-    out: dict[str, object] = {
+    out: dict[str, Any] = {
         "replicas": n,
         "index_entries": entries,
         "index_blocks": index.num_blocks,
@@ -207,7 +209,7 @@ def run(n: int, args: argparse.Namespace) -> dict[str, object]:
     for name in args.policies:
         policy = make_policy(name, ctx)
 
-        def choose(req: RouteRequest, p=policy) -> RouteDecision:  # type: ignore[no-untyped-def]
+        def choose(req: RouteRequest, p: RoutingPolicy = policy) -> RouteDecision:
             return p.choose(req, reps)
 
         policies[name] = time_calls(choose, requests, args.repeats)

@@ -12,7 +12,9 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from unittest import mock
 
 from kvtide.workloads import open_workload, rows
 from revision import git_rev
@@ -49,21 +51,20 @@ def main() -> None:
         f"{'workload':32} {'requests':>9} {'kvtide s':>9} {'json s':>9} {'bare s':>9} {'req/s':>9}"
     )
     for path in args.traces:
-        kvtide_s, count = _median_s(lambda p=path: _count(str(p)), args.runs)
-        fast_loads, rows._loads = rows._loads, json.loads
-        json_s, _ = _median_s(lambda p=path: _count(str(p)), args.runs)
-        rows._loads = fast_loads
+        kvtide_s, count = _median_s(partial(_count, str(path)), args.runs)
+        with mock.patch.object(rows, "_loads", json.loads):  # the fallback without orjson
+            json_s, _ = _median_s(partial(_count, str(path)), args.runs)
         line = f"{path.name[:32]:32} {count:9d} {kvtide_s:9.3f}"
         if path.suffix == ".csv":  # no JSON in a CSV: only kvtide's time means something
             print(f"{line} {'-':>9} {'-':>9} {count / kvtide_s:9.0f}")
             continue
-        bare_s, _ = _median_s(lambda p=path: _bare_json(p), args.runs)
+        bare_s, _ = _median_s(partial(_bare_json, path), args.runs)
         line = f"{line} {json_s:9.3f} {bare_s:9.3f} {count / kvtide_s:9.0f}"
         print(
             f"{line}   json fallback {json_s / kvtide_s:.2f}x, bare parse {bare_s / kvtide_s:.2f}x"
         )
     for spec in args.builtin:
-        built_s, count = _median_s(lambda s=spec: _count(s), args.runs)
+        built_s, count = _median_s(partial(_count, spec), args.runs)
         print(f"{spec[:32]:32} {count:9d} {built_s:9.3f} {'-':>9} {'-':>9} {count / built_s:9.0f}")
 
 
