@@ -417,7 +417,7 @@ class Gateway:
         replicas = []
         routable = 0
         for r in self.replicas:
-            ok = r.can_take() or (not r.is_down and not r.draining)
+            ok = r.is_up  # full or in slow start, it is still routable
             routable += ok
             intake = self.intakes.get(r.replica_id)
             replicas.append(

@@ -71,10 +71,14 @@ class Replica:
         state.num_requests = max(state.num_requests + others - self.others, 0)
         self.others = others
 
+    @property
+    def is_up(self) -> bool:
+        """Not ejected and not draining: it takes requests, now or once a slot frees."""
+        return not (self.is_down or self.draining)
+
     def can_take(self) -> bool:
-        if self.is_down or self.draining:
-            return False
-        return self.allowance is None or self.in_flight < self.allowance
+        """Up, and under its slow-start allowance (the gateway's cap is the set's)."""
+        return self.is_up and (self.allowance is None or self.in_flight < self.allowance)
 
     def succeeded(self) -> None:
         self.consecutive_failures = 0
@@ -155,8 +159,7 @@ class ReplicaSet:
     def serving(self, model: str, exclude: ReplicaId | None = None) -> bool:
         """Whether a replica serves ``model`` and is up (full or not)."""
         return any(
-            model in r.models and not r.is_down and not r.draining and r.replica_id != exclude
-            for r in self.by_id.values()
+            model in r.models and r.is_up and r.replica_id != exclude for r in self.by_id.values()
         )
 
     def room(self, replica: Replica) -> int:
