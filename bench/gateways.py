@@ -111,6 +111,13 @@ SMALL_CHAT = (
     "user_tokens=150,output_tokens=16,think_s={t},max_prompt_tokens=6000"
 )
 BLOCK_TOKENS = 16  # the engines' KV block
+WATCH_S = 0.25  # the workloads phase samples every engine's queue this often
+# the engines' counters the workloads phase reads at the end of a run (vLLM's names)
+ENGINE_COUNTERS = {
+    "vllm:request_success_total": "served",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:prefix_cache_hits_total": "cached_tokens",
+}
 
 
 def peer_python(peers_venv: Path) -> Path:
@@ -408,7 +415,12 @@ def workload_plans(args: argparse.Namespace) -> dict[str, Plan]:
 
 
 def run_workload(
-    front: Front, workload: Any, plan: list[Any], seed: int, rows_path: Path | None = None
+    front: Front,
+    engines: Sequence[Engine],
+    workload: Any,
+    plan: list[Any],
+    seed: int,
+    rows_path: Path | None = None,
 ) -> dict[str, Any]:
     """One run of ``plan`` through ``front``: its summary; with ``rows_path`` the load
     generator's per-request rows are written there too (JSON), for analysis by phase."""
@@ -420,7 +432,7 @@ def run_workload(
     time.sleep(IDLE_S)
     idle_cpu_per_s = (front.cpu_s() - idle0) / IDLE_S
     cpu0, t0 = front.cpu_s(), time.monotonic()
-    report = asyncio.run(run_load(config, workload, smollm2(), None, plan))
+    report, per_engine = asyncio.run(_load_watched(config, workload, plan, engines))
     cpu = front.cpu_s() - cpu0
     if rows_path is not None:
         rows_path.write_text(json.dumps(report["requests"]) + "\n")
@@ -431,7 +443,77 @@ def run_workload(
     background = idle_cpu_per_s * wall
     out["cpu_us_per_request_less_idle"] = max(0.0, cpu - background) / max(1, out["requests"]) * 1e6
     out["wall_s"] = wall
+    out["per_engine"] = per_engine
     return out
+
+
+async def _load_watched(
+    config: LoadConfig, workload: Any, plan: list[Any], engines: Sequence[Engine]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The load generator's report, and what the engines saw meanwhile: each engine's
+    requests, prompt tokens and cached tokens (its counters at the end: the engines are fresh),
+    its queue sampled every ``WATCH_S`` seconds, and how often one engine had nothing to do
+    while another queued. Where a gateway's p99 comes from: one engine's queue or all."""
+    samples: list[list[tuple[float, float]]] = []
+
+    async def watch(session: aiohttp.ClientSession) -> None:
+        while True:
+            snap = await scrape_engines(session, engines)
+            samples.append([(v.get("running", 0.0), v.get("waiting", 0.0)) for v in snap])
+            await asyncio.sleep(WATCH_S)
+
+    async with aiohttp.ClientSession() as session:
+        watcher = asyncio.create_task(watch(session))
+        try:
+            report = await run_load(config, workload, smollm2(), None, plan)
+        finally:
+            watcher.cancel()
+        final = await scrape_engines(session, engines)
+    return report, engine_shares(final, samples)
+
+
+async def scrape_engines(
+    session: aiohttp.ClientSession, engines: Sequence[Engine]
+) -> list[dict[str, float]]:
+    """Each engine's /metrics: the gauges of ``parse_engine_metrics`` and its counters of
+    requests, prompt tokens and prefix-cache hits (summed over label sets)."""
+    out = []
+    for e in engines:
+        async with session.get(f"{e.url}/metrics", timeout=aiohttp.ClientTimeout(2)) as r:
+            text = await r.text()
+        values = parse_engine_metrics(text)
+        for line in text.splitlines():
+            name, _, rest = line.partition(" ")
+            key = ENGINE_COUNTERS.get(name.split("{", 1)[0])
+            if key is not None and not line.startswith("#"):
+                values[key] = values.get(key, 0.0) + float(rest.rsplit(" ", 1)[-1])
+        out.append(values)
+    return out
+
+
+def engine_shares(
+    final: Sequence[dict[str, float]], samples: Sequence[Sequence[tuple[float, float]]]
+) -> dict[str, Any]:
+    """Per engine: share of the requests and of the prompt tokens, cached-token ratio, mean
+    and peak of the queue (waiting) over the samples; and the samples with a queue somewhere,
+    and those of them in which another engine had nothing at all."""
+    requests = sum(f.get("served", 0.0) for f in final) or 1.0
+    prompt = sum(f.get("prompt_tokens", 0.0) for f in final) or 1.0
+    waiting = np.array([[w for _, w in s] for s in samples]) if samples else np.zeros((1, 0))
+    queued = [s for s in samples if any(w > 0 for _, w in s)]
+    return {
+        "request_share": [f.get("served", 0.0) / requests for f in final],
+        "prompt_share": [f.get("prompt_tokens", 0.0) / prompt for f in final],
+        "cached_ratio": [
+            f.get("cached_tokens", 0.0) / f["prompt_tokens"] if f.get("prompt_tokens") else None
+            for f in final
+        ],
+        "waiting_mean": [float(x) for x in waiting.mean(0)] if samples else [],
+        "waiting_max": [float(x) for x in waiting.max(0)] if samples else [],
+        "samples": len(samples),
+        "samples_with_queue": len(queued),
+        "samples_idle_while_queued": sum(any(r + w == 0 for r, w in s) for s in queued),
+    }
 
 
 # --- phases 2 and 3: a small open-loop driver of fixed request bodies ------------------------
@@ -579,19 +661,9 @@ def hot_run(
     served0: dict[str, float] = {}
 
     async def scrape_all() -> dict[str, dict[str, float]]:
-        out = {}
         async with aiohttp.ClientSession() as s:
-            for e in engines:
-                async with s.get(f"{e.url}/metrics", timeout=aiohttp.ClientTimeout(2)) as r:
-                    text = await r.text()
-                values = parse_engine_metrics(text)
-                values["served"] = sum(
-                    float(line.rsplit(" ", 1)[1])
-                    for line in text.splitlines()
-                    if line.startswith("vllm:request_success_total")
-                )
-                out[e.url] = values
-        return out
+            scraped = await scrape_engines(s, engines)
+        return {e.url: v for e, v in zip(engines, scraped, strict=True)}
 
     async def front_queued() -> float:
         """Requests waiting in kvtide's own queue (``limits.max_in_flight_per_replica``)."""
@@ -736,7 +808,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         front = start_front(name, group, engines, python)
                         try:
                             row = run_workload(
-                                front, wp.workload, wp.plan, args.seed + 1 + round_, rows_path
+                                front,
+                                engines,
+                                wp.workload,
+                                wp.plan,
+                                args.seed + 1 + round_,
+                                rows_path,
                             )
                         finally:
                             stop_front(front, group)
@@ -809,6 +886,26 @@ def print_workload(name: str, rows: dict[str, Any]) -> None:
                 for x in r["runs"]
             )
             print(f"    {gw} runs (cached, TTFT p50/p99 ms): {each}")
+    print("  per engine (first run): requests, prompt tokens, cached, waiting mean/max")
+    for gw, r in rows.items():
+        e = (r["runs"][0] if "runs" in r else r).get("per_engine")
+        if e:
+            print(f"    {gw}: {engine_line(e)}")
+
+
+def engine_line(e: dict[str, Any]) -> str:
+    """One run's ``per_engine`` on one line."""
+
+    def shares(xs: Sequence[float | None]) -> str:
+        return " ".join("-" if x is None else f"{x:.2f}" for x in xs)
+
+    peaks = zip(e["waiting_mean"], e["waiting_max"], strict=True)
+    queues = " ".join(f"{m:.1f}/{x:.0f}" for m, x in peaks)
+    return (
+        f"req {shares(e['request_share'])} | prompt {shares(e['prompt_share'])} | cached "
+        f"{shares(e['cached_ratio'])} | waiting {queues} | idle beside a queue "
+        f"{e['samples_idle_while_queued']}/{e['samples_with_queue']} of {e['samples']}"
+    )
 
 
 def print_overhead(rows: dict[str, Any]) -> None:

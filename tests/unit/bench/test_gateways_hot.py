@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
+import aiohttp
 from aiohttp import web
 
 import gateways  # bench/gateways.py: tests/conftest.py puts bench/ on sys.path
+from kvtide.engine_server.metrics import EngineMetrics
 
 BUSY, IDLE, QUEUED = (4.0, 0.0), (0.0, 0.0), (4.0, 3.0)
 
@@ -93,3 +96,57 @@ def test_drive_says_when_the_last_request_is_sent_before_the_answers_end() -> No
     assert len(answered) == 5
     assert marks["sent"] < min(answered)  # 5 sends at 200/s take ~25 ms, each answer 300
     assert max(answered) <= marks["returned"]
+
+
+def test_the_workloads_phase_reads_each_engines_share_from_its_metrics() -> None:
+    """Two engines' real /metrics bodies (EngineMetrics, as `kvtide engine` serves them) over
+    HTTP: requests, prompt tokens and cached tokens per engine, and the queue samples."""
+    busy = EngineMetrics("emu")
+    busy.bind_gauges(lambda: 4.0, lambda: 3.0, lambda: 0.5)
+    for _ in range(3):
+        busy.finished("stop", prompt_tokens=1000, output_tokens=8, cached_tokens=750, e2e_s=0.1)
+    quiet = EngineMetrics("emu")
+    quiet.finished("length", prompt_tokens=1000, output_tokens=8, cached_tokens=0, e2e_s=0.1)
+
+    async def main() -> list[dict[str, float]]:
+        runners, engines = [], []
+        for m in (busy, quiet):
+
+            async def metrics(_r: web.Request, m: EngineMetrics = m) -> web.Response:
+                return web.Response(body=m.render())
+
+            app = web.Application()
+            app.router.add_get("/metrics", metrics)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            runners.append(runner)
+            engines.append(SimpleNamespace(url=f"http://127.0.0.1:{port}"))
+        try:
+            async with aiohttp.ClientSession() as s:
+                return await gateways.scrape_engines(s, engines)  # type: ignore[arg-type]
+        finally:
+            for r in runners:
+                await r.cleanup()
+
+    final = asyncio.run(main())
+    assert [(f["served"], f["prompt_tokens"], f["cached_tokens"]) for f in final] == [
+        (3.0, 3000.0, 2250.0),
+        (1.0, 1000.0, 0.0),
+    ]
+    assert (final[0]["running"], final[0]["waiting"]) == (4.0, 3.0)
+    samples = [[(4.0, 3.0), (0.0, 0.0)], [(4.0, 1.0), (2.0, 0.0)], [(1.0, 0.0), (0.0, 0.0)]]
+    out = gateways.engine_shares(final, samples)
+    assert out["request_share"] == [0.75, 0.25]
+    assert out["prompt_share"] == [0.75, 0.25]
+    assert out["cached_ratio"] == [0.75, 0.0]
+    assert out["waiting_mean"] == [4 / 3, 0.0] and out["waiting_max"] == [3.0, 0.0]
+    # a queue in two samples, an idle engine beside it in the first only
+    assert (out["samples"], out["samples_with_queue"], out["samples_idle_while_queued"]) == (
+        3,
+        2,
+        1,
+    )
+    assert "0.75 0.25" in gateways.engine_line(out)
