@@ -292,3 +292,45 @@ def test_whitespace_as_the_single_space_check_reads_it_is_tiktokens() -> None:
         if not 0xD800 <= ord(c) < 0xE000 and fast_bpe._OTHER_WHITESPACE_UTF8.fullmatch(c.encode())
     }
     assert matched == ascii_ws | others
+
+
+def test_text_with_whitespace_runs_is_cut_around_them_exactly(smol: Tokenizer) -> None:
+    """Paragraph breaks, indentation and a message starting with a space after the template's
+    newline: each run with the word after it through the full pattern, the rest through the
+    fast one, with the same ids as the full pattern over the whole text and as Hugging Face."""
+    fast = smol.fast
+    assert fast is not None
+    corpus = [t for t in random_texts(3000, seed=5) if re.search(r"\s\s", t)]
+    corpus += [
+        "<|im_start|>user\n transpose trusty dynamic<|im_end|>\n",
+        "Para one.\n\nPara two,  with two spaces.\n\n\n  indented 12\n\t\tx",
+        "  leading",
+        "trailing  ",
+        "   ",
+        "a \u00a0 b",  # a no-break space in the run: the full pattern for the whole text
+        "東京  서울\n\n Мق 1",
+    ]
+    assert len(corpus) > 300
+    for text in corpus:
+        if "<|" not in text:
+            assert fast._around_runs(text) == fast.encoding.encode_ordinary(text), text
+        assert smol.encode(text, add_special_tokens=False) == hf_ids(smol, text), text
+
+
+def test_the_cut_path_is_taken_only_for_text_with_runs(
+    smol: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = smol.fast
+    assert fast is not None
+    calls: list[str] = []
+    around = fast._around_runs
+
+    def counted(text: str) -> list[int]:
+        calls.append(text)
+        return around(text)
+
+    monkeypatch.setattr(fast, "_around_runs", counted)
+    smol.encode("one space between words\nand lines")
+    assert calls == []
+    smol.encode("<|im_start|>user\n hello<|im_end|>")
+    assert calls == ["user\n hello"]

@@ -1,0 +1,121 @@
+"""Tokenizing prompts: kvtide's fast path (``kvtide.text.fast_bpe``) against Hugging Face
+``tokenizers`` on the same SmolLM2 tokenizer, and against the fast path's own full pattern on
+the whole text (what it did before it cut around whitespace runs), on kinds of prompt text.
+
+    nice python bench/tokenizer.py [--tokens 8000] [--runs 5] [--json FILE]
+
+Texts, each rendered as one user message through SmolLM2's chat template (so it starts after
+the template's newline) and seeded: ``words`` (one-token words after a leading space, as
+``kvtide load`` sends a Mooncake trace's blocks), ``prose`` (paragraphs of 8 sentences, ~500
+bytes, a blank line between them), ``prose, one line`` (the same sentences with single spaces
+only), ``code`` (indented lines). Times are in this thread's CPU time per 1,000 tokens, the
+median over ``--runs`` of a timed loop; ratios against kvtide's fast path. The ids are checked
+equal first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kvtide.loadgen.prompts import one_token_vocabulary
+from kvtide.text import Tokenizer, smollm2
+from revision import git_rev
+
+SYSTEMS = ("kvtide fast path", "full pattern on the whole text", "hugging face tokenizers")
+SENTENCE_WORDS = ("the", "a", "ship", "left", "port", "at", "dawn", "and", "we", "nine", "of")
+
+
+def texts(tok: Tokenizer, num_tokens: int, seed: int) -> dict[str, str]:
+    rng = random.Random(seed)
+    words = [w for w, _ in one_token_vocabulary(tok)]
+    sentences = [
+        " ".join(rng.choice(SENTENCE_WORDS) for _ in range(rng.randint(6, 18))).capitalize() + "."
+        for _ in range(num_tokens // 12)
+    ]
+    paragraphs = [" ".join(sentences[i : i + 8]) for i in range(0, len(sentences), 8)]
+    code = "\n".join(
+        "    " * rng.randint(0, 3) + f"x{i} = compute(x{i - 1}, {rng.randint(0, 99)})  # step"
+        for i in range(num_tokens // 14)
+    )
+    raw = {
+        "words": "".join(rng.choice(words) for _ in range(num_tokens)),
+        "prose": "\n\n".join(paragraphs),
+        "prose, one line": " ".join(paragraphs),
+        "code": code,
+    }
+    return {
+        name: tok.apply_chat_template([{"role": "user", "content": text}])
+        for name, text in raw.items()
+    }
+
+
+def per_1k_tokens_us(
+    encode: Callable[[str], object], text: str, num_tokens: int, runs: int
+) -> list[float]:
+    out = []
+    for _ in range(runs):
+        loops = 0
+        t0 = time.thread_time()
+        while True:
+            encode(text)
+            loops += 1
+            spent = time.thread_time() - t0
+            if spent > 0.2:
+                break
+        out.append(spent / loops / num_tokens * 1e9)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=8000, help="words per text, about its tokens")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, dest="json_path")
+    args = p.parse_args(argv)
+    if args.tokens < 100 or args.runs < 1:
+        print("tokenizer: --tokens must be >= 100 and --runs >= 1", file=sys.stderr)
+        return 2
+    tok = smollm2()
+    fast = tok.fast
+    if fast is None:
+        print(f"tokenizer: no fast path for smollm2 ({tok.fast_refusal})", file=sys.stderr)
+        return 2
+    print(f"bench/tokenizer.py rev {git_rev()} seed {args.seed} runs {args.runs}")
+    encoders: tuple[Callable[[str], list[int]], ...] = (
+        lambda t: tok.encode(t, add_special_tokens=False),
+        lambda t: fast._split(fast.encoding.encode_ordinary, t, fast._raw, fast._normalized),
+        lambda t: tok.backend.encode(t, add_special_tokens=False).ids,
+    )
+    systems = dict(zip(SYSTEMS, encoders, strict=True))
+    rows: dict[str, dict[str, float]] = {}
+    print(f"{'text':<16} {'tokens':>7} " + " ".join(f"{s:>28}" for s in systems))
+    for name, text in texts(tok, args.tokens, args.seed).items():
+        expected = list(systems["hugging face tokenizers"](text))
+        for system, encode in systems.items():
+            if list(encode(text)) != expected:
+                print(f"tokenizer: {system} gives other ids on {name!r}", file=sys.stderr)
+                return 1
+        n = len(expected)
+        medians = {
+            system: statistics.median(per_1k_tokens_us(encode, text, n, args.runs))
+            for system, encode in systems.items()
+        }
+        rows[name] = {"tokens": n, **medians}
+        base = medians["kvtide fast path"]
+        cells = " ".join(f"{us:>9.0f} us/1k tok ({us / base:>5.2f}x)" for us in medians.values())
+        print(f"{name:<16} {n:>7} {cells}")
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps({"rev": git_rev(), "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
