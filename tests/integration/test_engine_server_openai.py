@@ -300,3 +300,24 @@ def test_disconnect_aborts_and_sigterm_drains() -> None:
         reasons = asyncio.run(scenario())
         assert reasons[-1] == "length" and len(reasons) == 40
         assert eng.proc.wait(timeout=20) == 0
+
+
+def test_a_chat_streams_role_chunk_comes_with_the_first_token() -> None:
+    """As vLLM's: the role chunk is sent once the prefill is done, not with the headers, so
+    a gateway that reads the first chunk as the end of the prefill sees it then. The engine
+    runs 20x slower than the modelled GPU: this prompt's prefill takes a visible while."""
+    with running_engine("--speedup", "0.05", "--served-model-name", MODEL) as eng:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": LONG}],
+            "max_tokens": 2,
+            "stream": True,
+        }
+        with httpx.stream("POST", eng.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data:"))
+            # the first token is out by the time the role chunk arrives
+            assert _metric(eng, "vllm:time_to_first_token_seconds_count") == 1
+            rest = [line for line in lines if line.startswith("data:")]
+        assert '"role":"assistant"' in first
+        assert rest[-1] == "data: [DONE]" and len(rest) == 3  # two tokens, then [DONE]

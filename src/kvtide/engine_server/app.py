@@ -282,8 +282,10 @@ class EngineApp:
         frame = _Frames(gen.kind, rid, epoch_s(), self._model_json)
         stop = StopMatcher(gen.stop)
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        if gen.kind == "chat":
-            await send_chunk(send, frame.role())
+        # vLLM sends a chat stream's role chunk with the first output, once the prefill is
+        # done, not with the headers: a gateway that reads the first chunk as the end of the
+        # prefill (kvtide's, for its queue estimate) must see it then
+        role = [frame.role()] if gen.kind == "chat" else []
         while True:
             texts = await stream.take()
             finish: str | None = None
@@ -297,11 +299,13 @@ class EngineApp:
                 if stream.finish_reason == "abort":
                     return  # the client went away; nothing more to say
                 finish = _finish(stream)
-            out = [frame.token(t) for t in texts[:-1]] if texts else []
+            out = [*role, *(frame.token(t) for t in texts[:-1])] if texts else []
             if texts:
                 out.append(frame.token(texts[-1], finish, stop.matched))
             elif finish is not None:
-                out.append(frame.token("", finish, stop.matched))
+                out += [*role, frame.token("", finish, stop.matched)]
+            if out:
+                role = []
             if finish is not None:
                 if gen.include_usage:
                     use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)

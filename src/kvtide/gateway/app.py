@@ -428,6 +428,10 @@ class Gateway:
                     "up": not r.is_down,
                     "draining": r.draining,
                     "in_flight": r.in_flight,
+                    # prompt tokens sent there whose prefill has not come back yet: the
+                    # queue the cost policy estimates (first token, or first chunk past the
+                    # role, ends a request's share)
+                    "queued_prefill_tokens": r.state.queued_prefill_tokens,
                     "slow_start": r.allowance,
                     "events": None
                     if intake is None

@@ -14,6 +14,8 @@ import asyncio
 import re
 from collections.abc import Callable
 
+import orjson
+
 from kvtide.asgi import Send, respond
 from kvtide.asgi.messages import end_stream, send_chunk, start_stream
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
@@ -182,10 +184,11 @@ class Proxy:
             while chunk := await resp.read_chunk():
                 if first:
                     await start_stream(send, 200, headers)
-                    self.router.prefill_done(route, decision)
-                    booking.prefilled = True
                     first = False
                     self.metrics.first_byte.observe(self.now_s() - arrival_s)
+                if not booking.prefilled and not _role_only(chunk):
+                    self.router.prefill_done(route, decision)
+                    booking.prefilled = True
                 await send_chunk(send, chunk)
                 if b"cached_tokens" in chunk:
                     cached = _cached_tokens(chunk)
@@ -204,6 +207,9 @@ class Proxy:
             raise
         if first:  # an empty 200 stream: pass it on as such
             await start_stream(send, 200, headers)
+        elif not booking.prefilled:  # nothing but a role chunk, yet the engine finished
+            self.router.prefill_done(route, decision)
+            booking.prefilled = True
         replica.succeeded()
         await end_stream(send)
         return 200
@@ -214,6 +220,30 @@ async def _read_error(resp: Response) -> str:
         return (await resp.read(2048)).decode(errors="replace")
     except (TimeoutError, OSError):
         return ""
+
+
+def _role_only(chunk: bytes) -> bool:
+    """One SSE event that only opens the assistant's message (a ``delta`` with its ``role``
+    and nothing else but empty fields). vLLM sends it with the first output, after the
+    prefill; an engine that sends it with the headers, before any work, must not end the
+    prefill in the router's load view (the queue the ``cost`` policy estimates would then
+    always read empty). Parsed only until a request's prefill is done: one or two chunks."""
+    if b'"role"' not in chunk or chunk.count(b"data:") != 1:
+        return False
+    try:
+        event = orjson.loads(chunk.partition(b"data:")[2])
+    except orjson.JSONDecodeError:
+        return False
+    choices = event.get("choices") if isinstance(event, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return False
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if not isinstance(delta, dict) or choice.get("finish_reason"):
+            return False
+        if any(value for key, value in delta.items() if key != "role"):
+            return False
+    return True
 
 
 def _cached_tokens(body: bytes) -> int | None:

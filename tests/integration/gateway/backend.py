@@ -6,7 +6,9 @@ It answers /v1/models, /health, /metrics (vLLM's gauge names), /v1/completions a
 vLLM would with prefix caching: the longest prefix, in whole 16-character blocks, shared with
 an earlier prompt under the same ``cache_salt``. Not a fake of an engine's timing: the
 emulated engine (``kvtide engine``) is that. Modes (``--mode``): ok, fail500 (every
-completion is a 500), stall (never answers). /stats shows what it saw, including aborts.
+completion is a 500), stall (never answers). ``--prefill-delay S`` holds the first token S
+seconds; ``--role-first`` sends a chat stream's role chunk with the headers, before that delay
+(vLLM sends it with the first token). /stats shows what it saw, including aborts.
 
     python backend.py --port 8101 --model m [--tokens 8] [--token-delay 0.01] [--mode ok]
 """
@@ -24,7 +26,17 @@ BLOCK = 16
 
 
 class Backend:
-    def __init__(self, model: str, tokens: int, delay_s: float, mode: str) -> None:
+    def __init__(
+        self,
+        model: str,
+        tokens: int,
+        delay_s: float,
+        mode: str,
+        prefill_s: float = 0.0,
+        role_first: bool = False,
+    ) -> None:
+        self.prefill_s = prefill_s
+        self.role_first = role_first
         self.model = model
         self.tokens = tokens
         self.delay_s = delay_s
@@ -100,7 +112,7 @@ def build(b: Backend) -> web.Application:
         b.stats["max_running"] = max(b.stats["max_running"], b.stats["running"])
         try:
             if not body.get("stream"):
-                await asyncio.sleep(b.delay_s * n)
+                await asyncio.sleep(b.prefill_s + b.delay_s * n)
                 if is_chat:
                     choice = {
                         "index": 0,
@@ -122,6 +134,17 @@ def build(b: Backend) -> web.Application:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             include_usage = (body.get("stream_options") or {}).get("include_usage")
+            if is_chat and b.role_first:
+                opening = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                chunk = {
+                    "id": "cmpl-1",
+                    "object": kind + ".chunk",
+                    "created": created,
+                    "model": b.model,
+                    "choices": [{**opening, "finish_reason": None}],
+                }
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(b.prefill_s)
             for i in range(n):
                 await asyncio.sleep(b.delay_s)
                 last = i == n - 1
@@ -181,8 +204,13 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--mode", default="ok", choices=("ok", "fail500", "stall"))
+    p.add_argument("--prefill-delay", type=float, default=0.0)
+    p.add_argument("--role-first", action="store_true")
     args = p.parse_args()
-    app = build(Backend(args.model, args.tokens, args.token_delay, args.mode))
+    backend = Backend(
+        args.model, args.tokens, args.token_delay, args.mode, args.prefill_delay, args.role_first
+    )
+    app = build(backend)
     web.run_app(
         app,
         host="127.0.0.1",
