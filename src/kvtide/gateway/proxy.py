@@ -186,7 +186,7 @@ class Proxy:
                     await start_stream(send, 200, headers)
                     first = False
                     self.metrics.first_byte.observe(self.now_s() - arrival_s)
-                if not booking.prefilled and not _role_only(chunk):
+                if not booking.prefilled and not _no_output(chunk):
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
                 await send_chunk(send, chunk)
@@ -207,7 +207,7 @@ class Proxy:
             raise
         if first:  # an empty 200 stream: pass it on as such
             await start_stream(send, 200, headers)
-        elif not booking.prefilled:  # nothing but a role chunk, yet the engine finished
+        elif not booking.prefilled:  # no output chunk at all, yet the engine finished
             self.router.prefill_done(route, decision)
             booking.prefilled = True
         replica.succeeded()
@@ -222,13 +222,17 @@ async def _read_error(resp: Response) -> str:
         return ""
 
 
-def _role_only(chunk: bytes) -> bool:
-    """One SSE event that only opens the assistant's message (a ``delta`` with its ``role``
-    and nothing else but empty fields). vLLM sends it with the first output, after the
-    prefill; an engine that sends it with the headers, before any work, must not end the
-    prefill in the router's load view (the queue the ``cost`` policy estimates would then
-    always read empty). Parsed only until a request's prefill is done: one or two chunks."""
-    if b'"role"' not in chunk or chunk.count(b"data:") != 1:
+def _no_output(chunk: bytes) -> bool:
+    """A chunk that carries no output yet: SSE comments only (a keep-alive), or one event
+    that only opens the assistant's message (a ``delta`` with its ``role`` and nothing else
+    but empty fields). vLLM sends the role with the first output, after the prefill; an
+    engine that sends it (or a keep-alive) before any work must not end the prefill in the
+    router's load view (the queue the ``cost`` policy estimates would then read empty).
+    Parsed only until a request's prefill is done: one or two chunks."""
+    events = chunk.count(b"data:")
+    if events == 0:
+        return True
+    if events != 1 or b'"role"' not in chunk:
         return False
     try:
         event = orjson.loads(chunk.partition(b"data:")[2])
