@@ -61,6 +61,15 @@ def test_summed_hot_row_sums_every_count_and_takes_medians() -> None:
     assert out["runs"] == rows
 
 
+async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    """``app`` on a free loopback port: its runner (to clean up) and the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
 def test_drive_says_when_the_last_request_is_sent_before_the_answers_end() -> None:
     answered: list[float] = []
     marks: dict[str, float] = {}
@@ -74,11 +83,7 @@ def test_drive_says_when_the_last_request_is_sent_before_the_answers_end() -> No
     async def main() -> int:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", slow)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve(app)
         try:
             outs = await gateways.drive(
                 lambda i: f"http://127.0.0.1:{port}",
@@ -117,11 +122,7 @@ def test_the_workloads_phase_reads_each_engines_share_from_its_metrics() -> None
 
             app = web.Application()
             app.router.add_get("/metrics", metrics)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            runner, port = await _serve(app)
             runners.append(runner)
             engines.append(SimpleNamespace(url=f"http://127.0.0.1:{port}"))
         try:
