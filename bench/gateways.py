@@ -61,7 +61,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from kvtide.cli.demo import parse_engine_metrics
+from kvtide.cli.demo import ENGINE_SERIES, parse_engine_metrics
 from kvtide.cli.processes import (
     LOOPBACK,
     ChildProcess,
@@ -475,19 +475,13 @@ async def _load_watched(
 async def scrape_engines(
     session: aiohttp.ClientSession, engines: Sequence[Engine]
 ) -> list[dict[str, float]]:
-    """Each engine's /metrics: the gauges of ``parse_engine_metrics`` and its counters of
-    requests, prompt tokens and prefix-cache hits (summed over label sets)."""
+    """Each engine's /metrics: the dashboard's series (``ENGINE_SERIES``) and its counters of
+    requests, prompt tokens and prefix-cache hits, each summed over its label sets."""
     out = []
     for e in engines:
         async with session.get(f"{e.url}/metrics", timeout=aiohttp.ClientTimeout(2)) as r:
             text = await r.text()
-        values = parse_engine_metrics(text)
-        for line in text.splitlines():
-            name, _, rest = line.partition(" ")
-            key = ENGINE_COUNTERS.get(name.split("{", 1)[0])
-            if key is not None and not line.startswith("#"):
-                values[key] = values.get(key, 0.0) + float(rest.rsplit(" ", 1)[-1])
-        out.append(values)
+        out.append(parse_engine_metrics(text, {**ENGINE_SERIES, **ENGINE_COUNTERS}))
     return out
 
 

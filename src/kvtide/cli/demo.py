@@ -12,7 +12,7 @@ import asyncio
 import json
 import signal
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,14 +98,18 @@ class EngineSample:
     up: bool = False
 
 
-def parse_engine_metrics(text: str) -> dict[str, float]:
-    """The vLLM gauges and kvtide's eviction counter from an engine's /metrics text."""
-    wanted = {
-        "vllm:num_requests_running": "running",
-        "vllm:num_requests_waiting": "waiting",
-        "vllm:kv_cache_usage_perc": "kv_usage",
-        "kvtide_engine_evicted_blocks_total": "evicted_blocks",
-    }
+ENGINE_SERIES: Mapping[str, str] = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "kvtide_engine_evicted_blocks_total": "evicted_blocks",
+}
+"""What the dashboard reads of an engine's /metrics: sample name -> key."""
+
+
+def parse_engine_metrics(text: str, wanted: Mapping[str, str] = ENGINE_SERIES) -> dict[str, float]:
+    """The samples named in ``wanted`` (default: the vLLM gauges and kvtide's eviction
+    counter) from an engine's /metrics text, each summed over its label sets."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
