@@ -285,7 +285,7 @@ class EngineApp:
         # vLLM sends a chat stream's role chunk with the first output, once the prefill is
         # done, not with the headers: a gateway that reads the first chunk as the end of the
         # prefill (kvtide's, for its queue estimate) must see it then
-        role = [frame.role()] if gen.kind == "chat" else []
+        role = frame.role() if gen.kind == "chat" else None
         while True:
             texts = await stream.take()
             finish: str | None = None
@@ -299,13 +299,14 @@ class EngineApp:
                 if stream.finish_reason == "abort":
                     return  # the client went away; nothing more to say
                 finish = _finish(stream)
-            out = [*role, *(frame.token(t) for t in texts[:-1])] if texts else []
+            out = [frame.token(t) for t in texts[:-1]] if texts else []
             if texts:
                 out.append(frame.token(texts[-1], finish, stop.matched))
             elif finish is not None:
-                out += [*role, frame.token("", finish, stop.matched)]
-            if out:
-                role = []
+                out.append(frame.token("", finish, stop.matched))
+            if out and role is not None:
+                out.insert(0, role)
+                role = None
             if finish is not None:
                 if gen.include_usage:
                     use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
