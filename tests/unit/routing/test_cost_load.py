@@ -9,8 +9,10 @@ engine served 0 requests after its restart).
 The holder rule (``affinity_share``, 0.2 by default): a replica holding at least that share of
 a prompt keeps it until it runs ``holder_slack`` requests more than the least loaded replica,
 wherever a copy elsewhere would evict (every other eligible replica's KV too full for the
-prompt); a replica with room competes on cost, hot decisions are the cost's, and without
-capacities the rule is off. Below the share, or past the slack, the cost decides as above."""
+prompt); a replica with room competes on cost; in a hot decision it binds to a private
+prefix's holder (a conversation's history) and to a hot prefix's only while nothing is queued
+there; without capacities the rule is off. Below the share, or past the slack, the cost
+decides as above."""
 
 from __future__ import annotations
 
@@ -151,6 +153,48 @@ def test_a_hot_prefix_leaves_its_one_holder_although_every_kv_is_full() -> None:
         chosen.append(router.route(request).replica)
     assert len(set(chosen)) >= 3, chosen
     assert chosen.count(home) <= 6, chosen
+
+
+def _turn_of_a_hot_system_prompt(r0_queued_tokens: int = 0) -> tuple[ReplicaId, str]:
+    """Where the next turn of a conversation held by r0 goes while its 20-block system prompt
+    is hot (8 other sessions of it decoding, held everywhere, every KV full), with r0 running
+    5 more requests than any other replica: (replica, reason)."""
+    router, index = _router(4, "cost", capacity=100)
+    system = list(range(1, 21))
+    for r in router.replicas:
+        index.add(r, list(prompt(system)))
+        _fill(index, r, 80)
+    for s in range(8):  # new sessions of the system prompt, decoding
+        _decoding(router, index, [*system, 7000 + s])
+    history = [*system, *range(100, 130)]
+    index.add(ReplicaId("r0"), list(prompt(history)))
+    r0 = router.replicas[ReplicaId("r0")]
+    r0.num_requests = max(r.num_requests for r in router.replicas.values()) + 5
+    r0.queued_prefill_tokens = r0_queued_tokens
+    ids = [*history, *range(500, 530)]
+    request = RouteRequest(prompt(ids), len(ids) * BT, BT, request_id="turn")
+    decision = router.route(request)
+    return decision.replica, decision.reason
+
+
+def test_a_hot_system_prompt_does_not_move_a_conversation_off_its_holder() -> None:
+    # the spread set keeps r0 (it holds more than the hot key); the cost alone would move the
+    # turn to an idle replica and copy 30 blocks of history there. The conversation's history
+    # is private (one request in flight on it), so the holder rule binds as on a cold prefix
+    assert _turn_of_a_hot_system_prompt() == ("r0", "hot")
+
+
+def test_a_hot_prefix_binds_only_to_a_holder_with_no_queue() -> None:
+    # as test_a_hot_prefix_leaves_its_one_holder_although_every_kv_is_full, each request
+    # prefilled before the next comes: the home, holding the hot prefix whole with nothing
+    # queued, keeps it; queued, it spreads (previous test)
+    router, index = _router(4, "cost:epsilon=10", capacity=60)
+    hot = list(range(1, 41))
+    home = _decoding(router, index, hot)
+    for r in router.replicas:
+        _fill(index, r, 20 if r == home else 60)
+    chosen = [_decoding(router, index, [*hot, 1000 + i]) for i in range(6)]
+    assert chosen == [home] * 6, chosen
 
 
 def test_bad_holder_options_are_config_errors() -> None:

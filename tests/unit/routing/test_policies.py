@@ -205,6 +205,8 @@ def test_cost_spreads_a_hot_prefix_over_rendezvous_replicas() -> None:
     assert policy._inflight == {}  # type: ignore[attr-defined]
     assert policy._inflight_at == {}  # type: ignore[attr-defined]
     assert policy._inflight_full == {}  # type: ignore[attr-defined]
+    assert policy._inflight_hold == {}  # type: ignore[attr-defined]
+    assert policy._holds_of == {}  # type: ignore[attr-defined]
 
 
 def test_cost_spreads_a_hot_prefix_its_one_holder_would_keep() -> None:
