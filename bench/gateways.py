@@ -60,6 +60,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvtide.cli.demo import ENGINE_SERIES, parse_engine_metrics
 from kvtide.cli.processes import (
@@ -444,6 +445,25 @@ def run_workload(
     out["cpu_us_per_request_less_idle"] = max(0.0, cpu - background) / max(1, out["requests"]) * 1e6
     out["wall_s"] = wall
     out["per_engine"] = per_engine
+    if front.name.startswith("kvtide"):
+        out["decisions"] = asyncio.run(gateway_decisions(front.url))
+    return out
+
+
+DECISIONS = "kvtide_gateway_route_decisions_total"
+
+
+async def gateway_decisions(url: str) -> dict[str, int]:
+    """A kvtide gateway's routing decisions so far by the policy's branch (``reason``):
+    how much of a run the cost's holder rule, hot spreading or the cold hash decided."""
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+        text = await r.text()
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == DECISIONS:
+                reason = sample.labels.get("reason", "")
+                out[reason] = out.get(reason, 0) + int(sample.value)
     return out
 
 
@@ -885,6 +905,10 @@ def print_workload(name: str, rows: dict[str, Any]) -> None:
         e = (r["runs"][0] if "runs" in r else r).get("per_engine")
         if e:
             print(f"    {gw}: {engine_line(e)}")
+    for gw, r in rows.items():
+        for i, run in enumerate(r.get("runs", [r])):
+            if run.get("decisions"):
+                print(f"    {gw} run {i + 1} decisions by reason: {json.dumps(run['decisions'])}")
 
 
 def engine_line(e: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 import gateways  # bench/gateways.py: tests/conftest.py puts bench/ on sys.path
 from kvtide.engine_server.metrics import EngineMetrics
+from kvtide.gateway.metrics import GatewayMetrics
 
 BUSY, IDLE, QUEUED = (4.0, 0.0), (0.0, 0.0), (4.0, 3.0)
 
@@ -151,3 +152,26 @@ def test_the_workloads_phase_reads_each_engines_share_from_its_metrics() -> None
         1,
     )
     assert "0.75 0.25" in gateways.engine_line(out)
+
+
+def test_the_workloads_phase_reads_a_kvtide_gateways_decisions_by_reason() -> None:
+    """The real gateway metrics (GatewayMetrics, as `kvtide serve` renders them) over HTTP:
+    decisions summed over replicas for each reason."""
+    m = GatewayMetrics()
+    for replica, reason, n in (("e0", "hot", 3), ("e1", "hot", 2), ("e1", "affinity", 4)):
+        m.child(m.decisions, replica, reason).inc(n)
+    m.child(m.requests, "chat", "200").inc(9)  # another family: not counted
+
+    async def main() -> dict[str, int]:
+        async def metrics(_r: web.Request) -> web.Response:
+            return web.Response(body=m.render())
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner, port = await _serve(app)
+        try:
+            return await gateways.gateway_decisions(f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(main()) == {"hot": 5, "affinity": 4}
