@@ -155,7 +155,7 @@ def test_a_hot_prefix_leaves_its_one_holder_although_every_kv_is_full() -> None:
     assert chosen.count(home) <= 6, chosen
 
 
-def _turn_of_a_hot_system_prompt(r0_queued_tokens: int = 0) -> tuple[ReplicaId, str]:
+def _turn_of_a_hot_system_prompt() -> tuple[ReplicaId, str]:
     """Where the next turn of a conversation held by r0 goes while its 20-block system prompt
     is hot (8 other sessions of it decoding, held everywhere, every KV full), with r0 running
     5 more requests than any other replica: (replica, reason)."""
@@ -170,7 +170,6 @@ def _turn_of_a_hot_system_prompt(r0_queued_tokens: int = 0) -> tuple[ReplicaId, 
     index.add(ReplicaId("r0"), list(prompt(history)))
     r0 = router.replicas[ReplicaId("r0")]
     r0.num_requests = max(r.num_requests for r in router.replicas.values()) + 5
-    r0.queued_prefill_tokens = r0_queued_tokens
     ids = [*history, *range(500, 530)]
     request = RouteRequest(prompt(ids), len(ids) * BT, BT, request_id="turn")
     decision = router.route(request)
