@@ -37,8 +37,9 @@ engine's capacity) is used.
 The holder keeps its prefix (``affinity_share``, default 0.2): when an eligible replica holds
 at least that share of the prompt's blocks, the request goes to the replica(s) holding the
 longest prefix and the cost only breaks ties among them, as long as the holder runs at most
-``holder_slack`` (default 16) requests more than the least loaded replica. The rule binds only
-where a copy elsewhere would evict something:
+``holder_slack`` (default 16) requests more than the least loaded replica and its queued
+prefill is within the work cap below plus ``holder_extra`` (default 2) of this request's cold
+prefills. The rule binds only where a copy elsewhere would evict something:
 - room: any other eligible replica whose device KV has room for the whole prompt (the index's
   ``held_blocks`` against ``ReplicaState.capacity_blocks``, which a gateway reads from vLLM's
   ``cache_config_info``) competes with the holders on cost, since it copies the prompt without
@@ -65,6 +66,15 @@ tree that never forgets a placement) 1.00 and 1.00. Over 8 seeds (run 10): hits 
 (sglang's rule 70.2%), TTFT p50 49 -> 45 ms (35), p99 1.17 -> 1.14 s (1.61); Mooncake's first
 500 requests 7.4% either way (every decision there is hot: all its prompts share block 0); the
 default ``kvtide simulate`` 79.1% either way.
+Why a holder's cap is two prefills above the others': the holder saves the request its
+prefill of what it holds (up to one prefill s), and the fleet the eviction a copy elsewhere
+would cause (one more s at an evicted token recomputed once, as ``evict_weight`` = 1 reads
+it), so it is worth up to 2 s more queue than a replica that would copy the prompt. Measured
+(docs/gateways.md, run 17) on run 4's chat sizing, 8 seeds: 0 (holders under the same cap as
+the score, before run 17) -> 2: hits 67.4% -> 68.3%, TTFT p50 38 -> 34 ms, p99 1.147 ->
+1.058 s (1: 67.5%; 1.5: 68.0%; 3: 68.4%; ``inf``, the slack alone: 68.4%, p99 1.201 s); the
+built-in workloads the same or up to 2 points better in hits, but chat at 16Ki (-0.3); live,
+on the chat workload, no change beyond the runs' spread (59.6% against 59.9%, medians).
 Below the share (a chat template's one shared block) the cost decides as before; the
 bounded-load cap and hot-prefix spreading below apply first, so a hot prefix still spreads.
 The slack is the price: once every replica is full, an engine restarted empty and filled
@@ -89,12 +99,14 @@ Guard rails, so that router replicas without a coordinator agree and no replica 
   the cap from binding when queues are near empty (about one request in flight per replica,
   where ceil((1+eps) x average requests) lets few replicas qualify and affinity is lost).
   What it still guarantees: a request routed on a wrong index entry waits at most
-  eps x average + 2 s more than on an average replica, and no prefix herds onto one replica
-  beyond that. With an exact estimate ``cost``'s own choice already stays under it (r wins
-  only if q_r + s_r < q_min + s <= cap); the cap binds where the choice is narrowed (hot-prefix
-  spreading) or the estimate is wrong. Cold prefixes keep chash's cap on request counts, which
-  needs no estimate, so router replicas agree. ``load="requests"`` keeps the older cap on
-  request counts (a replica at ceil((1+eps) x average) requests is not eligible);
+  eps x average + 2 s more than on an average replica (eps x average + (2 + ``holder_extra``)
+  s where the holder rule placed it), and no prefix herds onto one replica beyond that. With
+  an exact estimate ``cost``'s own choice already stays under it (r wins only if
+  q_r + s_r < q_min + s <= cap); the cap binds where the choice is narrowed (hot-prefix
+  spreading, the holder rule) or the estimate is wrong. Cold prefixes keep chash's cap on
+  request counts, which needs no estimate, so router replicas agree. ``load="requests"``
+  keeps the older cap on request counts (a replica at ceil((1+eps) x average) requests is not
+  eligible);
 - a cold prefix (no replica holds ``min_cached_blocks``) goes where ``chash`` sends it;
 - a hot prefix, whose requests in flight exceed one replica's share of all requests in flight,
   is spread over the ceil(its load / share) replicas of highest rendezvous weight for its key,
@@ -172,8 +184,12 @@ class CostAware(BasePolicy):
         evict_weight: float = 0.0,
         affinity_share: float = 0.2,
         holder_slack: int = 16,
+        holder_extra: float = 2.0,
     ) -> None:
         super().__init__(ctx)
+        if not holder_extra >= 0:
+            raise ConfigError(f"cost holder_extra must be >= 0, got {holder_extra!r}")
+        self.holder_extra = float(holder_extra)
         if not 0.0 <= affinity_share <= 1.0:
             raise ConfigError(f"cost affinity_share must be in [0, 1], got {affinity_share!r}")
         self.affinity_share = float(affinity_share)
@@ -224,15 +240,24 @@ class CostAware(BasePolicy):
         if match.max_blocks < self.min_cached_blocks:
             return self._hashed(cands, key, "cold")
         total = sum([r.num_requests for r in cands])
+        # eligible: under the load cap; pool: where the holder rule may look for holders,
+        # whose cap has holder_extra more of this request's prefills (see the docstring)
         if self.load == "work":
             eligible = self.under_work_cap(cands, request.prompt_tokens)
+            pool = eligible
+            if self.holder_extra > 0:
+                pool = self.under_work_cap(cands, request.prompt_tokens, self.holder_extra)
         else:
             cap = math.ceil((1.0 + self.epsilon) * (total + 1) / len(cands))  # as load_cap()
-            eligible = [r for r in cands if r.num_requests < cap]
+            eligible = pool = [r for r in cands if r.num_requests < cap]
         reason = "affinity"
         if self.hot_replication and len(cands) > 1:
             spread = self._spread(cands, eligible, key, total, request, match)
             if spread is not None:
+                if len(pool) > len(eligible):
+                    pool = self._spread(cands, pool, key, total, request, match) or spread
+                else:
+                    pool = spread
                 eligible, reason = spread, "hot"
         held = self._held
         if (
@@ -242,7 +267,7 @@ class CostAware(BasePolicy):
         ):
             cap = min([r.num_requests for r in cands]) + self.holder_slack
             holders = self._holders(
-                [r for r in eligible if r.num_requests <= cap], match, request.num_blocks
+                [r for r in pool if r.num_requests <= cap], match, request.num_blocks
             )
             if (
                 holders is not None
@@ -287,15 +312,20 @@ class CostAware(BasePolicy):
         load = self._inflight_hold.get(int(request.block_hashes[blocks - 1]), 0) + 1
         return load > (total + 1) / n
 
-    def work_cap_s(self, cands: Sequence[ReplicaState], prompt_tokens: int) -> float:
+    def work_cap_s(
+        self, cands: Sequence[ReplicaState], prompt_tokens: int, extra: float = 0.0
+    ) -> float:
         """The most seconds of queued prefill a replica may hold and still take a request of
-        ``prompt_tokens`` (see the module docstring)."""
+        ``prompt_tokens``, with ``extra`` more of that request's prefills for a holder (see the
+        module docstring)."""
         s = self.model.prefill_time(prompt_tokens, 0)
         queued_s = sum([r.queued_prefill_tokens for r in cands]) / self.prefill_tokens_per_s
-        return (1.0 + self.epsilon) * (queued_s + s) / len(cands) + s
+        return (1.0 + self.epsilon) * (queued_s + s) / len(cands) + (1.0 + extra) * s
 
-    def under_work_cap(self, cands: list[ReplicaState], prompt_tokens: int) -> list[ReplicaState]:
-        cap_tokens = self.work_cap_s(cands, prompt_tokens) * self.prefill_tokens_per_s
+    def under_work_cap(
+        self, cands: list[ReplicaState], prompt_tokens: int, extra: float = 0.0
+    ) -> list[ReplicaState]:
+        cap_tokens = self.work_cap_s(cands, prompt_tokens, extra) * self.prefill_tokens_per_s
         # never empty: the least loaded replica holds at most the average <= the cap
         return [r for r in cands if r.queued_prefill_tokens <= cap_tokens]
 

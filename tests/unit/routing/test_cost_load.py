@@ -7,16 +7,19 @@ cached blocks however many requests it was running (bench/soak.py: the killed an
 engine served 0 requests after its restart).
 
 The holder rule (``affinity_share``, 0.2 by default): a replica holding at least that share of
-a prompt keeps it until it runs ``holder_slack`` requests more than the least loaded replica,
+a prompt keeps it until it runs ``holder_slack`` requests more than the least loaded replica
+or queues ``holder_extra`` (2) of the prompt's cold prefills more than the work cap allows,
 wherever a copy elsewhere would evict (every other eligible replica's KV too full for the
 prompt); a replica with room competes on cost; in a hot decision it binds to a private
 prefix's holder (a conversation's history) and to a hot prefix's only while nothing is queued
-there; without capacities the rule is off. Below the share, or past the slack, the cost
-decides as above."""
+there; without capacities the rule is off. Below the share, or past the slack or the work,
+the cost decides as above."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtide.clock import ManualClock
 from kvtide.errors import ConfigError
@@ -101,16 +104,20 @@ def _next_turn(
     r0_others: int = 70,
     r1_others: int = 100,
     r0_running: int = 3,
+    r0_queued_tokens: int = 0,
 ) -> ReplicaId:
     """Where the next turn of a 30-block conversation held by r0 goes: half of its 60 blocks
-    are new; r0 runs ``r0_running`` requests, r1 none; each holds ``*_others`` blocks of other
-    sessions out of ``capacity`` (by default both are full)."""
+    are new; r0 runs ``r0_running`` requests with ``r0_queued_tokens`` not yet prefilled, r1
+    none; each holds ``*_others`` blocks of other sessions out of ``capacity`` (by default
+    both are full)."""
     router, index = _router(2, spec, capacity)
     history = list(range(1, 31))
     index.add(ReplicaId("r0"), list(prompt(history)))
     _fill(index, "r0", r0_others)
     _fill(index, "r1", r1_others)
-    router.replicas[ReplicaId("r0")].num_requests = r0_running
+    r0 = router.replicas[ReplicaId("r0")]
+    r0.num_requests = r0_running
+    r0.queued_prefill_tokens = r0_queued_tokens
     return _decoding(router, index, [*history, *range(500, 530)])
 
 
@@ -122,6 +129,58 @@ def test_the_holder_keeps_a_conversation_where_a_copy_elsewhere_would_evict() ->
 def test_the_holder_keeps_it_until_the_slack_is_used() -> None:
     assert _next_turn("cost:holder_slack=3", r0_running=3) == "r0"
     assert _next_turn("cost:holder_slack=3", r0_running=4) == "r1"
+
+
+def test_the_holder_keeps_it_over_the_work_cap_by_two_of_its_prefills() -> None:
+    # with q tokens queued at r0 and none at r1, the work cap for this 960-token turn is
+    # ~1.25 x (q + 960) / 2 + 960 tokens: ~4,700 at q = 5,000, ~9,100 at q = 12,000; the
+    # holder may hold two of its prefills more: ~6,600 and ~11,000
+    assert _next_turn("cost", r0_queued_tokens=5_000) == "r0"
+    assert _next_turn("cost", r0_queued_tokens=12_000) == "r1"
+    # holder_extra=0: holders under the score's cap (before run 17); inf: only the slack
+    assert _next_turn("cost:holder_extra=0", r0_queued_tokens=5_000) == "r1"
+    assert _next_turn("cost:holder_extra=inf", r0_queued_tokens=12_000) == "r0"
+    assert _next_turn("cost:affinity_share=0", r0_queued_tokens=5_000) == "r1"
+    # the slack binds whatever the work
+    assert _next_turn("cost:holder_slack=2:holder_extra=inf", r0_queued_tokens=5_000) == "r1"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(2, 6),
+    queued=st.lists(st.integers(0, 20_000), min_size=6, max_size=6),
+    running=st.lists(st.integers(0, 24), min_size=6, max_size=6),
+    extra=st.sampled_from([0.0, 2.0, 5.0]),
+)
+def test_the_holder_rule_binds_exactly_within_its_caps(
+    n: int, queued: list[int], running: list[int], extra: float
+) -> None:
+    """Against a reference: the next turn of a conversation r0 holds (every KV full) goes to
+    r0 exactly when r0 is within holder_slack requests of the least loaded replica and its
+    queue within the work cap plus ``extra`` of the turn's cold prefills; otherwise where the
+    score goes, under the work cap."""
+    router, index = _router(n, f"cost:holder_extra={extra}", capacity=100)
+    history = list(range(1, 31))
+    index.add(ReplicaId("r0"), list(prompt(history)))
+    for i, r in enumerate(router.replicas.values()):
+        _fill(index, r.replica_id, 70 if i == 0 else 100)
+        r.queued_prefill_tokens, r.num_requests = queued[i], running[i]
+    ids = [*history, *range(500, 530)]
+    request = RouteRequest(prompt(ids), len(ids) * BT, BT, request_id="turn")
+    policy = router.policy
+    reps = list(router.replicas.values())
+    rate = policy.model.prefill_tokens_per_s()  # type: ignore[attr-defined]
+    cap_s = policy.work_cap_s(reps, request.prompt_tokens)  # type: ignore[attr-defined]
+    s = policy.model.prefill_time(request.prompt_tokens, 0)  # type: ignore[attr-defined]
+    r0 = reps[0]
+    binds = r0.num_requests <= min(running[:n]) + 16 and r0.queued_prefill_tokens <= (
+        (cap_s + extra * s) * rate
+    )
+    chosen = router.replicas[router.route(request).replica]
+    if binds:
+        assert chosen is r0
+    else:
+        assert chosen.queued_prefill_tokens <= cap_s * rate * (1 + 1e-9)
 
 
 def test_below_the_share_the_cost_decides_as_without_the_rule() -> None:
@@ -197,7 +256,12 @@ def test_a_hot_prefix_binds_only_to_a_holder_with_no_queue() -> None:
 
 
 def test_bad_holder_options_are_config_errors() -> None:
-    for spec in ("cost:affinity_share=1.5", "cost:affinity_share=-0.1", "cost:holder_slack=-1"):
+    for spec in (
+        "cost:affinity_share=1.5",
+        "cost:affinity_share=-0.1",
+        "cost:holder_slack=-1",
+        "cost:holder_extra=-1",
+    ):
         with pytest.raises(ConfigError):
             _router(2, spec)
 
