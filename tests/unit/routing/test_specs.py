@@ -29,6 +29,24 @@ def test_build_policy_passes_options_to_the_registry_object() -> None:
     assert policy.epsilon == 0.5
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("cost:epsilon=x", "epsilon must be a number, got 'x'"),
+        ("cost:holder_extra=abc", "holder_extra must be a number, got 'abc'"),
+        ("cost:provisional=maybe", "provisional must be true or false, got 'maybe'"),
+        ("cost:bogus=1", "unexpected keyword argument 'bogus'"),
+    ],
+)
+def test_an_option_of_the_wrong_kind_is_named(spec: str, message: str) -> None:
+    # text where a number or a flag is expected: never passed on (a truthy 'maybe' would
+    # turn a flag on unnoticed), and the error names the option
+    ctx = RoutingContext(index=GlobalPrefixIndex(), clock=ManualClock())
+    with pytest.raises(ConfigError, match=message):
+        build_policy(spec, ctx)
+    assert build_policy("cost:load=requests", ctx).load == "requests"  # type: ignore[attr-defined]
+
+
 def test_unknown_router_lists_the_valid_names() -> None:
     with pytest.raises(ConfigError, match=r"valid: .*round_robin"):
         build_policy("nope", RoutingContext(clock=ManualClock()))
