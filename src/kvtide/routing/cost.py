@@ -325,6 +325,8 @@ class CostAware(BasePolicy):
     def under_work_cap(
         self, cands: list[ReplicaState], prompt_tokens: int, extra: float = 0.0
     ) -> list[ReplicaState]:
+        if extra == math.inf:  # no cap (and no inf x 0 where a prompt is empty)
+            return list(cands)
         cap_tokens = self.work_cap_s(cands, prompt_tokens, extra) * self.prefill_tokens_per_s
         # never empty: the least loaded replica holds at most the average <= the cap
         return [r for r in cands if r.queued_prefill_tokens <= cap_tokens]
