@@ -240,24 +240,16 @@ class CostAware(BasePolicy):
         if match.max_blocks < self.min_cached_blocks:
             return self._hashed(cands, key, "cold")
         total = sum([r.num_requests for r in cands])
-        # eligible: under the load cap; pool: where the holder rule may look for holders,
-        # whose cap has holder_extra more of this request's prefills (see the docstring)
         if self.load == "work":
             eligible = self.under_work_cap(cands, request.prompt_tokens)
-            pool = eligible
-            if self.holder_extra > 0:
-                pool = self.under_work_cap(cands, request.prompt_tokens, self.holder_extra)
         else:
             cap = math.ceil((1.0 + self.epsilon) * (total + 1) / len(cands))  # as load_cap()
-            eligible = pool = [r for r in cands if r.num_requests < cap]
+            eligible = [r for r in cands if r.num_requests < cap]
+        capped = eligible
         reason = "affinity"
         if self.hot_replication and len(cands) > 1:
             spread = self._spread(cands, eligible, key, total, request, match)
             if spread is not None:
-                if len(pool) > len(eligible):
-                    pool = self._spread(cands, pool, key, total, request, match) or spread
-                else:
-                    pool = spread
                 eligible, reason = spread, "hot"
         held = self._held
         if (
@@ -265,6 +257,15 @@ class CostAware(BasePolicy):
             and held is not None
             and all([r.capacity_blocks > 0 for r in eligible])
         ):
+            # holders answer to a work cap holder_extra of this request's prefills wider than
+            # the score's (see the docstring): computed only where the holder rule runs
+            pool = eligible
+            if self.load == "work" and self.holder_extra > 0:
+                wider = self.under_work_cap(cands, request.prompt_tokens, self.holder_extra)
+                if len(wider) > len(capped):
+                    pool = wider
+                    if reason == "hot":
+                        pool = self._spread(cands, wider, key, total, request, match) or eligible
             cap = min([r.num_requests for r in cands]) + self.holder_slack
             holders = self._holders(
                 [r for r in pool if r.num_requests <= cap], match, request.num_blocks
