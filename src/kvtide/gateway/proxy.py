@@ -193,7 +193,7 @@ class Proxy:
                 if b"cached_tokens" in chunk:
                     cached = _cached_tokens(chunk)
                     if cached is not None:
-                        self.router.health.report(decision.replica, decision.cached_tokens, cached)
+                        self.router.report(route, decision, cached)
         except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc

@@ -22,6 +22,7 @@ class ReplicaConsistency:
     predicted_tokens: int = 0  # cached tokens predicted at decision time
     reported_tokens: int = 0  # cached tokens the engine reported
     overlap_tokens: int = 0  # sum of min(predicted, reported): correctly predicted hits
+    evicted_queued_tokens: int = 0  # predicted, then evicted while the request was queued
     num_reports: int = 0
     events_lost: int = 0  # missing sequence numbers (batches)
     gaps: int = 0
@@ -64,6 +65,7 @@ class HealthSummary:
     precision: float
     recall: float
     regret_tokens: int
+    evicted_queued_tokens: int
     events_lost: int
     gaps: int
     resyncs: int
@@ -78,8 +80,12 @@ class IndexHealth:
     A replica turns untrusted on a sequence gap (until ``repaired``) or when the precision of
     its last ``window`` reports falls below ``min_precision`` with at least
     ``min_window_tokens`` predicted tokens in the window; it turns trusted again when the
-    window's precision recovers. Predictions keep being recorded while untrusted, so recovery
-    is observed even when routing ignores the index.
+    window's precision recovers. A report whose predicted prefix the engine evicted while the
+    request waited in its queue (``evicted_queued``, from ``routing.watch``) enters the window
+    as predicted no more than was reported: the index was right, the engine's KV pressure
+    overtook it; the shortfall is counted in ``evicted_queued_tokens`` instead. Predictions
+    keep being recorded while untrusted, so recovery is observed even when routing ignores
+    the index.
     """
 
     def __init__(
@@ -156,18 +162,30 @@ class IndexHealth:
 
     # --- regret ----------------------------------------------------------------------------
 
-    def report(self, replica: ReplicaId, predicted_tokens: int, reported_tokens: int) -> None:
+    def report(
+        self,
+        replica: ReplicaId,
+        predicted_tokens: int,
+        reported_tokens: int,
+        *,
+        evicted_queued: bool = False,
+    ) -> None:
         """The engine reused ``reported_tokens`` prompt tokens where ``predicted_tokens`` were
-        predicted at decision time (both from the same request)."""
+        predicted at decision time (both from the same request); ``evicted_queued``: the
+        engine evicted the predicted prefix while the request waited (see the class)."""
         c = self._of(replica)
         overlap = min(predicted_tokens, reported_tokens)
         c.predicted_tokens += predicted_tokens
         c.reported_tokens += reported_tokens
         c.overlap_tokens += overlap
         c.num_reports += 1
+        trusted_prediction = predicted_tokens
+        if evicted_queued and reported_tokens < predicted_tokens:
+            c.evicted_queued_tokens += predicted_tokens - reported_tokens
+            trusted_prediction = reported_tokens
         w = c.window
-        w.append((predicted_tokens, overlap))
-        c.window_predicted_tokens += predicted_tokens
+        w.append((trusted_prediction, overlap))
+        c.window_predicted_tokens += trusted_prediction
         c.window_overlap_tokens += overlap
         if len(w) > self.window:
             old_predicted, old_overlap = w.popleft()
@@ -193,6 +211,7 @@ class IndexHealth:
             precision=ovl / pred if pred else 1.0,
             recall=ovl / rep if rep else 1.0,
             regret_tokens=pred + rep - 2 * ovl,
+            evicted_queued_tokens=sum(c.evicted_queued_tokens for c in cs),
             events_lost=sum(c.events_lost for c in cs),
             gaps=sum(c.gaps for c in cs),
             resyncs=sum(c.resyncs for c in cs),

@@ -10,7 +10,7 @@ every block instead (for caches that are not prefix-closed, and for tests).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -84,6 +84,17 @@ class Occupancy(Protocol):
     def held_blocks(self, replica: ReplicaId) -> int: ...
 
 
+RemovalListener = Callable[[ReplicaId, Sequence[BlockHash]], None]
+
+
+@runtime_checkable
+class RemovalFeed(Protocol):
+    """An index that tells listeners which blocks each replica evicted from its device tier,
+    as it applies the removals (``GlobalPrefixIndex`` does; ``routing.watch`` listens)."""
+
+    def subscribe_removals(self, listener: RemovalListener) -> None: ...
+
+
 @dataclass(slots=True)
 class IndexCounters:
     stored_blocks: int = 0
@@ -103,6 +114,11 @@ class GlobalPrefixIndex:
         # device blocks stored less removed, per replica: its occupancy in O(1) (an engine
         # announces a block once when it caches it and once when it evicts it)
         self._held: dict[ReplicaId, int] = {}
+        self._removal_listeners: list[RemovalListener] = []
+
+    def subscribe_removals(self, listener: RemovalListener) -> None:
+        """``listener(replica, blocks)`` is called for each run of device-tier removals."""
+        self._removal_listeners.append(listener)
 
     # --- replicas --------------------------------------------------------------------------
 
@@ -151,6 +167,9 @@ class GlobalPrefixIndex:
             if tier is Tier.DEVICE:
                 self._held[replica] = max(self._held.get(replica, 0) - len(hashes), 0)
         self.counters.removed_blocks += len(hashes)
+        if tier is Tier.DEVICE:
+            for listener in self._removal_listeners:
+                listener(replica, hashes)
 
     def clear_replica(self, replica: ReplicaId) -> None:
         """Drops everything the replica holds (AllBlocksCleared, or a resync)."""

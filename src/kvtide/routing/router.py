@@ -12,16 +12,21 @@ from collections.abc import Iterable, Sequence
 from kvtide.errors import UsageError
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.decision import RouteDecision
+from kvtide.routing.index import RemovalFeed
 from kvtide.routing.policies import BasePolicy, RoutingPolicy
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
+from kvtide.routing.watch import EvictionWatch
 from kvtide.types import ReplicaId
 
 
 class Router:
     """``health`` defaults to the policy's context's, so regret reports reach the policy.
     ``route`` refuses (``UsageError``) a request hashed at another block size than the
-    policy's ``RoutingContext.block_tokens``: its hashes could never match the index."""
+    policy's ``RoutingContext.block_tokens``: its hashes could never match the index.
+    With an index that reports its removals (``GlobalPrefixIndex``), each predicted hit is
+    watched until the first token, so that ``IndexHealth`` does not blame the index for a
+    prefix the engine evicted while the request waited (``routing.watch``)."""
 
     def __init__(
         self,
@@ -43,6 +48,13 @@ class Router:
         # (oldest first, each with how many are left), and the ids routed since the swap.
         self._retired: list[tuple[RoutingPolicy, int]] = []
         self._fresh: set[object] = set()
+        index = policy.ctx.index if isinstance(policy, BasePolicy) else None
+        self.watch: EvictionWatch | None = None
+        if isinstance(index, RemovalFeed):
+            self.watch = EvictionWatch()
+            index.subscribe_removals(self.watch.removed)
+        # requests whose predicted prefix was evicted before their first token, reported later
+        self._evicted_queued: set[int] = set()
 
     def set_policy(self, policy: RoutingPolicy) -> None:
         """Routes with ``policy`` from the next request on, over the same replicas (and the
@@ -86,6 +98,10 @@ class Router:
         self.policy.on_dispatch(request, decision)
         self.replicas[decision.replica].dispatch(_prefill_tokens(request, decision))
         self.num_in_flight += 1
+        watch = self.watch
+        if watch is not None and decision.cached_blocks and request.num_blocks:
+            last = min(decision.cached_blocks, request.num_blocks) - 1
+            watch.watch(id(request), decision.replica, request.block_hashes[last])
         if self._retired:
             self._fresh.add(id(request))
         return decision
@@ -116,17 +132,50 @@ class Router:
         reported_cached_tokens: int | None = None,
     ) -> None:
         """The first token came back; ``reported_cached_tokens`` is what the engine reused
-        (OpenAI ``usage.prompt_tokens_details.cached_tokens``) when known."""
+        (OpenAI ``usage.prompt_tokens_details.cached_tokens``) when known, else ``report``
+        it when it comes (a stream's last chunk)."""
         r = self.replicas.get(decision.replica)
         if r is not None:
             r.prefill_done(_prefill_tokens(request, decision), request.prompt_tokens)
+        # the request holds its blocks from here: a later eviction is not the queue's doing
+        evicted = self.watch.settle(id(request)) if self.watch is not None else False
         if reported_cached_tokens is not None:
-            self.health.report(decision.replica, decision.cached_tokens, reported_cached_tokens)
+            self.health.report(
+                decision.replica,
+                decision.cached_tokens,
+                reported_cached_tokens,
+                evicted_queued=evicted,
+            )
+        elif evicted:
+            self._evicted_queued.add(id(request))
+
+    def report(
+        self, request: RouteRequest, decision: RouteDecision, reported_cached_tokens: int
+    ) -> None:
+        """What the engine reused, learned after ``prefill_done`` (a stream's ``usage``)."""
+        evicted = self._settle(request)
+        self.health.report(
+            decision.replica,
+            decision.cached_tokens,
+            reported_cached_tokens,
+            evicted_queued=evicted,
+        )
+
+    def _settle(self, request: RouteRequest) -> bool:
+        """Whether the request's predicted prefix was evicted before its first token; stops
+        tracking it."""
+        key = id(request)
+        evicted = self.watch.settle(key) if self.watch is not None else False
+        if key in self._evicted_queued:
+            self._evicted_queued.discard(key)
+            return True
+        return evicted
 
     def complete(self, request: RouteRequest, decision: RouteDecision, output_tokens: int) -> None:
         r = self.replicas.get(decision.replica)
         if r is not None:
             r.complete(request.prompt_tokens + output_tokens)
+        self._settle(request)
         self._policy_of(request).on_complete(request, decision.replica)
 
     def cancel(self, request: RouteRequest, decision: RouteDecision) -> None:
@@ -134,6 +183,7 @@ class Router:
         r = self.replicas.get(decision.replica)
         if r is not None:
             r.cancel(_prefill_tokens(request, decision))
+        self._settle(request)
         self._policy_of(request).on_complete(request, decision.replica)
 
 

@@ -419,6 +419,7 @@ def _diagnostics(fleet: Fleet) -> dict[str, float]:
         "index_precision": health.precision,
         "index_recall": health.recall,
         "regret_tokens": health.regret_tokens,
+        "evicted_queued_tokens": health.evicted_queued_tokens,
         "event_batches_sent": fleet.channel.counters.sent,
         "event_batches_lost": fleet.channel.counters.dropped,
         "event_batches_lost_in_outage": fleet.num_batches_lost_in_outage,

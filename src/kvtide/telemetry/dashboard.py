@@ -169,6 +169,10 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
             ("predicted tokens/s", f"sum(rate({_q(m.PREDICTED_TOKENS)}[5m]))"),
             ("reported tokens/s", f"sum(rate({_q(m.REPORTED_TOKENS)}[5m]))"),
             ("regret tokens/s", f"sum(rate({_q(m.REGRET_TOKENS)}[5m]))"),
+            (
+                "evicted while queued tokens/s",
+                f"sum(rate({_q(m.EVICTED_QUEUED_TOKENS)}[5m]))",
+            ),
         ],
     ),
     ("Prefix replication factor", "short", [("replicas", f"max({_q(m.REPLICATION)})")]),

@@ -195,6 +195,11 @@ REGRET_TOKENS = _c(
     "tokens",
     "Routing regret: predicted and reported cached tokens that disagree (both directions).",
 )
+EVICTED_QUEUED_TOKENS = _c(
+    "kvtide_router_evicted_queued_tokens_total",
+    "tokens",
+    "Predicted cached tokens the engine evicted while the request waited in its queue.",
+)
 REPLICATION = _g(
     "kvtide_router_prefix_replication_replicas",
     "replicas",

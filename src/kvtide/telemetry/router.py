@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from kvtide.routing.consistency import IndexHealth
 from kvtide.telemetry.metrics import (
     EVENTS_LOST,
+    EVICTED_QUEUED_TOKENS,
     INDEX_LAG,
     INDEX_MAX_LAG,
     PREDICTED_TOKENS,
@@ -102,6 +103,7 @@ class RouterTelemetry:
         self._add(PREDICTED_TOKENS, s.predicted_tokens)
         self._add(REPORTED_TOKENS, s.reported_tokens)
         self._add(REGRET_TOKENS, s.regret_tokens)
+        self._add(EVICTED_QUEUED_TOKENS, s.evicted_queued_tokens)
         hot = self.hot.top(self.top)
         if hot:
             rec.set(REPLICATION, sum(self.holders(h) for h in hot) / len(hot))

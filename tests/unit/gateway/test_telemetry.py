@@ -84,6 +84,7 @@ def test_router_families_from_intake_health_regret_and_the_index() -> None:
         finally:
             intake.close()
     health.report(R0, 64, 48)
+    health.report(R0, 64, 32, evicted_queued=True)  # the engine evicted 32 while it queued
     for _ in range(3):
         tel.routed(path)
     fams = _families(tel.exposition())
@@ -91,9 +92,10 @@ def test_router_families_from_intake_health_regret_and_the_index() -> None:
     assert fams["kvtide_router_resyncs"] == [({}, 1.0)]
     assert fams["kvtide_router_index_lag_seconds"] == [({}, 0.3)]
     assert fams["kvtide_router_index_max_lag_seconds"] == [({}, 0.3)]
-    assert fams["kvtide_router_predicted_cached_tokens"] == [({}, 64.0)]
-    assert fams["kvtide_router_reported_cached_tokens"] == [({}, 48.0)]
-    assert fams["kvtide_router_regret_tokens"] == [({}, 16.0)]
+    assert fams["kvtide_router_predicted_cached_tokens"] == [({}, 128.0)]
+    assert fams["kvtide_router_reported_cached_tokens"] == [({}, 80.0)]
+    assert fams["kvtide_router_regret_tokens"] == [({}, 48.0)]
+    assert fams["kvtide_router_evicted_queued_tokens"] == [({}, 32.0)]
     assert fams["kvtide_router_prefix_replication_replicas"] == [({}, 1.0)]
     assert health.is_trusted  # the gap was repaired within its poll: trust untouched
 
@@ -101,7 +103,11 @@ def test_router_families_from_intake_health_regret_and_the_index() -> None:
 def test_counters_exist_at_zero_before_anything_happened() -> None:
     tel = GatewayTelemetry(IndexHealth(), GlobalPrefixIndex(), ManualClock())
     fams = _families(tel.exposition())
-    for name in ("kvtide_router_events_lost", "kvtide_router_resyncs"):
+    for name in (
+        "kvtide_router_events_lost",
+        "kvtide_router_resyncs",
+        "kvtide_router_evicted_queued_tokens",
+    ):
         assert fams[name] == [({}, 0.0)]
 
 
