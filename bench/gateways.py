@@ -446,25 +446,35 @@ def run_workload(
     out["wall_s"] = wall
     out["per_engine"] = per_engine
     if front.name.startswith("kvtide"):
-        out["decisions"] = asyncio.run(gateway_decisions(front.url))
+        out["decisions"], out["index"] = asyncio.run(gateway_decisions(front.url))
     return out
 
 
 DECISIONS = "kvtide_gateway_route_decisions_total"
+INDEX_COUNTS = {
+    "kvtide_router_predicted_cached_tokens_total": "predicted_tokens",
+    "kvtide_router_reported_cached_tokens_total": "reported_tokens",
+    "kvtide_router_evicted_queued_tokens_total": "evicted_queued_tokens",
+}
 
 
-async def gateway_decisions(url: str) -> dict[str, int]:
+async def gateway_decisions(url: str) -> tuple[dict[str, int], dict[str, int]]:
     """A kvtide gateway's routing decisions so far by the policy's branch (``reason``):
-    how much of a run the cost's holder rule, hot spreading or the cold hash decided."""
+    how much of a run the cost's holder rule, hot spreading or the cold hash decided; and its
+    index's predicted cached tokens against what the engines reported, with the predicted
+    tokens the engines evicted while the requests waited in their queues."""
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
         text = await r.text()
     out: dict[str, int] = {}
+    index: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == DECISIONS:
                 reason = sample.labels.get("reason", "")
                 out[reason] = out.get(reason, 0) + int(sample.value)
-    return out
+            elif sample.name in INDEX_COUNTS:
+                index[INDEX_COUNTS[sample.name]] = int(sample.value)
+    return out, index
 
 
 async def _load_watched(
@@ -909,6 +919,14 @@ def print_workload(name: str, rows: dict[str, Any]) -> None:
         for i, run in enumerate(r.get("runs", [r])):
             if run.get("decisions"):
                 print(f"    {gw} run {i + 1} decisions by reason: {json.dumps(run['decisions'])}")
+            index = run.get("index")
+            if index and index.get("predicted_tokens"):
+                lost = index.get("evicted_queued_tokens", 0) / index["predicted_tokens"]
+                print(
+                    f"    {gw} run {i + 1} predicted cached tokens {index['predicted_tokens']:,}, "
+                    f"reported {index.get('reported_tokens', 0):,}, evicted while queued "
+                    f"{index.get('evicted_queued_tokens', 0):,} ({lost:.1%} of predicted)"
+                )
 
 
 def engine_line(e: dict[str, Any]) -> str:

@@ -11,8 +11,13 @@ import aiohttp
 from aiohttp import web
 
 import gateways  # bench/gateways.py: tests/conftest.py puts bench/ on sys.path
+from kvtide.clock import ManualClock
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.gateway.metrics import GatewayMetrics
+from kvtide.gateway.telemetry import GatewayTelemetry
+from kvtide.routing.consistency import IndexHealth
+from kvtide.routing.index import GlobalPrefixIndex
+from kvtide.types import ReplicaId
 
 BUSY, IDLE, QUEUED = (4.0, 0.0), (0.0, 0.0), (4.0, 3.0)
 
@@ -155,14 +160,19 @@ def test_the_workloads_phase_reads_each_engines_share_from_its_metrics() -> None
 
 
 def test_the_workloads_phase_reads_a_kvtide_gateways_decisions_by_reason() -> None:
-    """The real gateway metrics (GatewayMetrics, as `kvtide serve` renders them) over HTTP:
-    decisions summed over replicas for each reason."""
+    """The real gateway metrics (GatewayMetrics with its telemetry, as `kvtide serve` renders
+    them) over HTTP: decisions summed over replicas for each reason, and the index's
+    predicted, reported and evicted-while-queued cached tokens."""
     m = GatewayMetrics()
     for replica, reason, n in (("e0", "hot", 3), ("e1", "hot", 2), ("e1", "affinity", 4)):
         m.child(m.decisions, replica, reason).inc(n)
     m.child(m.requests, "chat", "200").inc(9)  # another family: not counted
+    health = IndexHealth()
+    health.report(ReplicaId("e0"), 640, 160, evicted_queued=True)
+    health.report(ReplicaId("e1"), 320, 320)
+    m.attach(GatewayTelemetry(health, GlobalPrefixIndex(), ManualClock()).exposition)
 
-    async def main() -> dict[str, int]:
+    async def main() -> tuple[dict[str, int], dict[str, int]]:
         async def metrics(_r: web.Request) -> web.Response:
             return web.Response(body=m.render())
 
@@ -174,4 +184,6 @@ def test_the_workloads_phase_reads_a_kvtide_gateways_decisions_by_reason() -> No
         finally:
             await runner.cleanup()
 
-    assert asyncio.run(main()) == {"hot": 5, "affinity": 4}
+    decisions, index = asyncio.run(main())
+    assert decisions == {"hot": 5, "affinity": 4}
+    assert index == {"predicted_tokens": 960, "reported_tokens": 480, "evicted_queued_tokens": 480}
