@@ -64,6 +64,8 @@ def from_samples(source: str, samples: Iterable[Sample]) -> Observed:
             o.cached_blocks += value
         elif name == m.EVENTS_LOST.name:
             o.events_lost += value
+        elif name == m.EVICTED_QUEUED_TOKENS.name:
+            o.evicted_queued_tokens += value
         elif name == m.REPLICATION.name:
             replication.append(value)
         elif name == m.ALERT_ACTIVE.name and value > 0:

@@ -10,7 +10,10 @@ Attribution, from the miss causes the core counts (``telemetry.metrics.MISS_CAUS
 an infinite cache still misses ``cold`` tokens (first sight) and ``partial_block`` tokens (the
 unfilled tail is never cached), so the infinite-cache ratio is 1 minus those shares.
 ``evicted`` misses are capacity, ``other_namespace`` misses are tenant isolation or quota,
-``recomputed`` misses are a lower tier too slow to reload from.
+``recomputed`` misses are a lower tier too slow to reload from. A gateway beside the engines
+adds the evicted misses it had predicted as hits, whose prefix the engine evicted while the
+request waited in its queue (``routing.watch``): capacity lost to queueing, which a shorter
+queue recovers as well as a larger pool.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class Observed:
     cached_blocks: float = 0.0
     instances: int = 1
     events_lost: float = 0.0
+    evicted_queued_tokens: float = 0.0
+    """Tokens a router predicted cached that the engine evicted while the request waited in
+    its queue (``kvtide_router_evicted_queued_tokens_total``): part of the evicted misses."""
     replication: float | None = None
     """Mean replicas holding a hot prefix (the router's gauge); None when unknown."""
     quota_tenants: list[str] = field(default_factory=list)
@@ -147,18 +153,33 @@ def diagnose(o: Observed, bounds: Bounds | None = None) -> Diagnosis:
     infinite = 1.0 - unavoidable / p if p else math.nan
     limits: list[Limit] = []
     if p:
+        queued = o.evicted_queued_tokens
         if miss["evicted"] > 0:
+            why = (
+                f"{miss['evicted']:,.0f} tokens missed after their blocks were evicted "
+                f"({o.evicted_blocks:,.0f} blocks evicted)"
+            )
+            change = (
+                "a larger device pool or a host tier (see the pool size below)"
+                if bounds
+                else "a larger device pool or a host tier; run doctor with --workload to size it"
+            )
+            if queued > 0:
+                why += (
+                    f"; {min(queued, miss['evicted']):,.0f} of them the router had predicted "
+                    "cached, and the engine evicted them while the request waited in its queue"
+                )
+                change += "; or shorter engine queues (more replicas for this load)"
+            limits.append(Limit("capacity", miss["evicted"], miss["evicted"] / p, why, change))
+        elif queued > 0:  # the router's view alone (no engine cache counters)
             limits.append(
                 Limit(
-                    "capacity",
-                    miss["evicted"],
-                    miss["evicted"] / p,
-                    f"{miss['evicted']:,.0f} tokens missed after their blocks were evicted "
-                    f"({o.evicted_blocks:,.0f} blocks evicted)",
-                    "a larger device pool or a host tier (see the pool size below)"
-                    if bounds
-                    else "a larger device pool or a host tier; run doctor with --workload to "
-                    "size it",
+                    "capacity (queue evictions)",
+                    queued,
+                    queued / p,
+                    f"{queued:,.0f} tokens the router predicted cached were evicted while their "
+                    "requests waited in the engines' queues",
+                    "a larger device pool, or shorter engine queues (more replicas for this load)",
                 )
             )
         if miss["other_namespace"] > 0:

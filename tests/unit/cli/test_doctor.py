@@ -11,8 +11,12 @@ import pytest
 from kvtide.cli import main
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.gateway.telemetry import GatewayTelemetry
+from kvtide.routing.consistency import IndexHealth
+from kvtide.routing.index import GlobalPrefixIndex
 from kvtide.telemetry.cache import CacheTelemetry
 from kvtide.telemetry.recorders import PrometheusRecorder
+from kvtide.types import ReplicaId
 
 
 def _scrape(tmp_path: Path) -> Path:
@@ -39,6 +43,24 @@ def test_doctor_on_a_scrape_names_capacity_with_the_evicted_tokens(
     # 32 cold tokens of 48: an infinite cache would hit the last 16.
     assert "could be: 33.3% with an infinite cache" in out
     assert "limit 1: capacity (33.3% of prompt tokens)" in out and "16 tokens missed" in out
+
+
+def test_doctor_on_engines_and_a_gateway_names_the_queue_evictions_within_capacity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gateway's router families scraped beside the engine's cache counters: the evicted
+    misses it had predicted as hits are named inside the capacity limit, not counted twice."""
+    health = IndexHealth()
+    health.report(ReplicaId("e0"), 16, 4, evicted_queued=True)
+    gateway = GatewayTelemetry(health, GlobalPrefixIndex(), ManualClock())
+    path = _scrape(tmp_path)
+    path.write_bytes(path.read_bytes() + gateway.exposition())
+    assert main(["doctor", "--scrape", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "limit 1: capacity (33.3% of prompt tokens)" in out and "16 tokens missed" in out
+    assert "12 of them the router had predicted cached" in out
+    assert "shorter engine queues" in out
+    assert "limit 2" not in out
 
 
 def test_doctor_on_an_event_log_counts_restores_and_gaps(
