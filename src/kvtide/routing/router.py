@@ -1,8 +1,9 @@
 """Router: one policy over a replica set, with the bookkeeping every caller needs.
 
 The simulator and the gateway drive the same object: ``route`` at arrival, ``prefill_done``
-at the first token (with the engine's reported cached tokens, for regret), ``complete`` at
-the end. Policies and ``ReplicaState`` can also be driven directly; this is the short path.
+at the first token (with the engine's reported cached tokens, for regret, or ``report`` when
+they come later, in a stream's last chunk), ``complete`` at the end. Policies and
+``ReplicaState`` can also be driven directly; this is the short path.
 """
 
 from __future__ import annotations
