@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvtide.cli._checks import TP, check_writable
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
+from kvtide.engine.scheduler import SCHEDULING_POLICIES
 from kvtide.quantities import flag, integer, real, tokens
 
 
@@ -62,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-num-seqs", type=count, default=256, metavar="N", help="(default 256)")
     p.add_argument(
         "--max-batched-tokens", type=count, default=8192, metavar="N", help="(default 8192)"
+    )
+    p.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="vLLM's: fcfs admits waiting requests in arrival order; priority by each "
+        "request's 'priority' field, lower first, then arrival (default fcfs)",
     )
     p.add_argument(
         "--speedup",
@@ -132,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         host_cache_tokens=args.host_cache_tokens,
         max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens,
+        scheduling_policy=args.scheduling_policy,
         speedup=args.speedup,
         served_model_name=args.served_model_name,
         tokenizer=args.tokenizer,

@@ -94,17 +94,20 @@ class EngineDriver:
         *,
         arrival_s: float | None = None,
         first_token_s: float | None = None,
+        priority: int = 0,
     ) -> None:
         """Queues ``request`` (its full prompt blocks hash to ``hashes``) arriving at ``now``.
         ``arrival_s`` overrides the arrival recorded (a request re-routed after a failure);
-        ``first_token_s``: prefilled elsewhere (see ``Scheduler.add``). Raises
-        ``CapacityError`` if it can never fit."""
+        ``first_token_s``: prefilled elsewhere; ``priority``: its place among the waiting
+        under the ``"priority"`` policy (see ``Scheduler.add``). Raises ``CapacityError`` if
+        it can never fit."""
         self._plan()  # the iteration before the arrival is planned without it
         self.scheduler.add(
             request,
             hashes,
             arrival_s=now if arrival_s is None else arrival_s,
             first_token_s=first_token_s,
+            priority=priority,
         )
         self._added_s = now
         self._notice(now)

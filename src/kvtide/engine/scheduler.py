@@ -32,6 +32,8 @@ from kvtide.engine.timing import DecodeRun, IterationTimer
 from kvtide.errors import CapacityError, ConfigError
 from kvtide.types import Request
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -40,13 +42,17 @@ class EngineConfig:
     ``max_batched_tokens`` is the per-iteration token budget (vLLM's ``max_num_batched_tokens``);
     ``max_decode_steps`` bounds how many decode-only iterations one ``schedule()`` may fuse when
     nothing but time can change the batch. ``prefill_only`` makes a disaggregated prefill
-    instance: a request ends with its first token.
+    instance: a request ends with its first token. ``scheduling_policy`` is vLLM's:
+    ``"fcfs"`` admits waiting requests in arrival order and preempts the newest running one;
+    ``"priority"`` admits them by (priority, arrival), lower first, a preempted request going
+    back to its place in that order, and preempts the running request last in it.
     """
 
     max_batched_tokens: int = 8192
     max_num_seqs: int = 256
     max_decode_steps: int = 256
     prefill_only: bool = False
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.max_batched_tokens < 1:
@@ -55,6 +61,11 @@ class EngineConfig:
             raise ConfigError("max_num_seqs must be >= 1")
         if self.max_decode_steps < 1:
             raise ConfigError("max_decode_steps must be >= 1")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +111,10 @@ class Sequence:
         "num_target",
         "num_tokens",
         "onboard_s",
+        "order",
         "output_limit",
         "prefill_tokens",
+        "priority",
         "private",
         "request",
         "tree_blocks",
@@ -114,6 +127,8 @@ class Sequence:
         self.hashes = hashes
         self.arrival_s = arrival_s
         self.is_prefilled = is_prefilled
+        self.priority = 0  # vLLM's scheduling priority: lower is admitted first
+        self.order = 0  # arrival rank in this engine: the last tie-break
         self.first_token_s: float | None = None
         self.handle: Node | None = None
         self.tree_blocks = 0
@@ -222,6 +237,8 @@ class Scheduler:
         self.block_tokens = cache.config.block_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._by_priority = config.scheduling_policy == "priority"
+        self._arrivals = 0
         self.stats = EngineStats()
         self._ready_events: list[KVEvent] = []
         self._planned: Batch | None = None  # the batch between schedule() and complete()
@@ -235,10 +252,12 @@ class Scheduler:
         *,
         arrival_s: float | None = None,
         first_token_s: float | None = None,
+        priority: int = 0,
     ) -> None:
         """Queues ``request`` whose full prompt blocks hash to ``hashes``. With
         ``first_token_s`` the request was prefilled elsewhere (a decode instance after
-        disaggregated prefill): its prompt KV arrives computed and its first token is out."""
+        disaggregated prefill): its prompt KV arrives computed and its first token is out.
+        ``priority`` orders it among the waiting under the ``"priority"`` policy."""
         need = self._blocks_for(request.prompt_tokens + max(1, request.output_tokens))
         if need > self.cache.capacity_blocks:
             raise CapacityError(
@@ -250,7 +269,24 @@ class Scheduler:
         if first_token_s is not None:
             seq.first_token_s = first_token_s
             seq.generate(1)
-        self.waiting.append(seq)
+        seq.priority = priority
+        seq.order = self._arrivals
+        self._arrivals += 1
+        if self._by_priority:
+            self._enqueue(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Puts ``seq`` in its place among the waiting by (priority, arrival) (the
+        ``"priority"`` policy: vLLM's request order), scanning from the back, where a new
+        arrival of equal priority belongs."""
+        waiting = self.waiting
+        key = _rank(seq)
+        i = len(waiting)
+        while i and _rank(waiting[i - 1]) > key:
+            i -= 1
+        waiting.insert(i, seq)
 
     @property
     def has_work(self) -> bool:
@@ -542,11 +578,14 @@ class Scheduler:
             missing = self._blocks_for(short)
             blocks = self._take_blocks(missing)
             while blocks is None:
-                victim = running[-1]
+                victim = max(running, key=_rank) if self._by_priority else running[-1]
+                j = running.index(victim)
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
+                if j < i:  # an earlier one went: seq moved down one place
+                    i -= 1
                 blocks = self._take_blocks(missing)
             if blocks is None:
                 continue  # seq itself was preempted; running[i] is the next one now
@@ -604,7 +643,10 @@ class Scheduler:
         seq.num_target = 0
         seq.num_preemptions += 1
         self.stats.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self._by_priority:
+            self._enqueue(seq)
+        else:
+            self.waiting.appendleft(seq)
 
     # --- completion -----------------------------------------------------------------------
 
@@ -703,3 +745,8 @@ class Scheduler:
         self.running.clear()
         self.waiting.clear()
         return seqs
+
+
+def _rank(seq: Sequence) -> tuple[int, float, int]:
+    """A sequence's place under the ``"priority"`` policy: priority, then arrival."""
+    return (seq.priority, seq.arrival_s, seq.order)

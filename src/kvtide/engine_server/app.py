@@ -68,7 +68,12 @@ class Backend(Protocol):
     def num_in_flight(self) -> int: ...
 
     def submit(
-        self, request_id: str, token_ids: list[int], max_tokens: int, cache_salt: str | None
+        self,
+        request_id: str,
+        token_ids: list[int],
+        max_tokens: int,
+        cache_salt: str | None,
+        priority: int = 0,
     ) -> RequestStream: ...
 
     def abort(self, request_id: str) -> None: ...
@@ -86,6 +91,9 @@ class ApiLimits:
     max_waiting: int = 1024
     """Requests allowed to wait for admission; more get 503 with Retry-After."""
     retry_after_s: int = 1
+    priority_scheduling: bool = False
+    """``--scheduling-policy priority``: a request's ``priority`` orders the waiting queue
+    (otherwise a nonzero one is refused, as vLLM refuses it)."""
 
 
 class EngineApp:
@@ -234,6 +242,12 @@ class EngineApp:
                 "or completion.",
                 "max_tokens" if len(ids) < lim.max_model_len else "prompt",
             )
+        if gen.priority and not lim.priority_scheduling:
+            raise bad_request(
+                f"Got priority {gen.priority} but priority scheduling is not enabled "
+                "(kvtide engine --scheduling-policy priority)",
+                "priority",
+            )
         backend = self.backend
         if backend.num_waiting >= lim.max_waiting:
             raise ApiError(
@@ -244,7 +258,7 @@ class EngineApp:
         prefix = "cmpl-" if gen.kind == "completion" else "chatcmpl-"
         rid = f"{prefix}{self._id_prefix}{next(self._ids)}"
         try:
-            stream = backend.submit(rid, ids, max_tokens, gen.cache_salt)
+            stream = backend.submit(rid, ids, max_tokens, gen.cache_salt, gen.priority)
         except CapacityError as exc:
             raise bad_request(str(exc), "prompt") from exc
         watcher = asyncio.ensure_future(_watch_disconnect(receive, backend, rid))

@@ -142,8 +142,11 @@ class EmulatedEngine:
         token_ids: Sequence[int],
         max_tokens: int,
         cache_salt: str | None,
+        priority: int = 0,
     ) -> RequestStream:
-        """Queues a request now; raises ``CapacityError`` when it can never fit the KV pool."""
+        """Queues a request now (``priority``: its place among the waiting under the
+        ``priority`` scheduling policy); raises ``CapacityError`` when it can never fit the
+        KV pool."""
         now = self.clock.now()  # the arrival, before the engine's own work on the request
         self._catch_up(now)
         hashes = self.hashes_for(token_ids, cache_salt)
@@ -154,7 +157,7 @@ class EmulatedEngine:
             output_tokens=max_tokens,
             block_tokens=self.block_tokens,
         )
-        self.driver.add(request, hashes, now)
+        self.driver.add(request, hashes, now, priority=priority)
         stream = RequestStream(request_id, len(token_ids), max_tokens, self.metrics)
         self._streams[request_id] = stream
         if self.blocks is not None:

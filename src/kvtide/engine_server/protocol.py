@@ -46,6 +46,9 @@ class Generation:
     ignore_eos: bool
     cache_salt: str | None
     add_generation_prompt: bool = True
+    priority: int = 0
+    """vLLM's scheduling priority (lower first), honoured under ``--scheduling-policy
+    priority``."""
 
 
 def _is_int(v: object) -> bool:
@@ -169,6 +172,7 @@ def parse_completion(body: object) -> Generation:
         stop=_stop(body),
         ignore_eos=_opt_bool(body, "ignore_eos", False),
         cache_salt=_cache_salt(body),
+        priority=_priority(body),
     )
 
 
@@ -203,6 +207,7 @@ def parse_chat(body: object) -> Generation:
         stop=_stop(body),
         ignore_eos=_opt_bool(body, "ignore_eos", False),
         cache_salt=_cache_salt(body),
+        priority=_priority(body),
         add_generation_prompt=_opt_bool(body, "add_generation_prompt", True),
     )
 
@@ -224,6 +229,15 @@ def _content(v: object, param: str) -> str:
             texts.append(text)
         return "\n".join(texts)
     raise bad_request(f"'{param}' must be a string or an array of text parts", param)
+
+
+def _priority(body: Mapping[str, Any]) -> int:
+    v = body.get("priority")
+    if v is None:
+        return 0
+    if not _is_int(v):
+        raise bad_request(f"'priority' must be an integer, got {_type_name(v)}", "priority")
+    return int(v)
 
 
 def _cache_salt(body: Mapping[str, Any]) -> str | None:

@@ -119,7 +119,12 @@ class RealModelEngine:
         return len(self._streams)
 
     def submit(
-        self, request_id: str, token_ids: list[int], max_tokens: int, cache_salt: str | None
+        self,
+        request_id: str,
+        token_ids: list[int],
+        max_tokens: int,
+        cache_salt: str | None,
+        priority: int = 0,  # one request at a time, in arrival order: nothing to reorder
     ) -> RequestStream:
         bt = self.runner.block_tokens
         need = -(-(len(token_ids) + max_tokens) // bt)

@@ -56,6 +56,7 @@ class ServerConfig:
     host_cache_tokens: int = 0
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
+    scheduling_policy: str = "fcfs"
     speedup: float = 1.0
     served_model_name: str | None = None
     tokenizer: Path | None = None
@@ -151,6 +152,7 @@ def _limits(config: ServerConfig, max_model_len: int) -> ApiLimits:
         max_model_len=max_model_len,
         max_body_bytes=config.max_body_bytes,
         max_waiting=config.max_waiting,
+        priority_scheduling=config.scheduling_policy == "priority",
     )
 
 
@@ -174,7 +176,9 @@ def build_scheduler(config: ServerConfig, *, record_events: bool) -> tuple[Sched
     if blocks < 1:
         raise ConfigError(f"--kv-cache-tokens: {config.kv_cache_tokens} is less than one block")
     engine = EngineConfig(
-        max_batched_tokens=config.max_batched_tokens, max_num_seqs=config.max_num_seqs
+        max_batched_tokens=config.max_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        scheduling_policy=config.scheduling_policy,
     )
     timer = IterationTimer.from_cost_model(cost)
     if config.host_cache_tokens:
