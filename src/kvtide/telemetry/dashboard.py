@@ -242,9 +242,15 @@ def render() -> str:
     return json.dumps(dashboard(), indent=2) + "\n"
 
 
+USAGE = "usage: python -m kvtide.telemetry.dashboard FILE  (writes the Grafana dashboard JSON)"
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m kvtide.telemetry.dashboard FILE", file=sys.stderr)
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if len(argv) != 1 or argv[0].startswith("-"):  # a flag is never the file to write
+        print(USAGE, file=sys.stderr)
         return 2
     with open(argv[0], "w", encoding="utf-8") as out:
         out.write(render())

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kvtide.telemetry import metrics as m
-from kvtide.telemetry.dashboard import dashboard, render
+from kvtide.telemetry.dashboard import dashboard, main, render
 
 SHIPPED = Path(__file__).resolve().parents[3] / "dashboards" / "kvtide.json"
 
@@ -21,3 +23,14 @@ def test_every_metric_is_on_a_panel() -> None:
         assert metric.name in exprs, metric.name
     ids = [p["id"] for p in json.loads(render())["panels"]]
     assert len(set(ids)) == len(ids)
+
+
+def test_the_generator_takes_help_as_help_not_as_the_file_to_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["--help"]) == 0 and "usage:" in capsys.readouterr().out
+    assert main(["--out"]) == 2 and "usage:" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["board.json"]) == 0
+    assert (tmp_path / "board.json").read_text() == render()
