@@ -578,8 +578,11 @@ class Scheduler:
             missing = self._blocks_for(short)
             blocks = self._take_blocks(missing)
             while blocks is None:
-                victim = max(running, key=_rank) if self._by_priority else running[-1]
-                j = running.index(victim)
+                if self._by_priority:
+                    victim = max(running, key=_rank)
+                    j = running.index(victim)
+                else:
+                    victim, j = running[-1], len(running) - 1
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
