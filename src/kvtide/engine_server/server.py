@@ -103,6 +103,11 @@ def build(config: ServerConfig) -> Built:
     if config.model == REAL_MODEL:
         if config.records is not None:
             raise ConfigError("--records: only the emulated engine keeps request records")
+        if config.scheduling_policy != "fcfs":
+            raise ConfigError(
+                "--scheduling-policy: the real model serves one request at a time, in arrival "
+                "order (fcfs only)"
+            )
         from kvtide.engine_server.real_model import RealModelEngine
 
         real = RealModelEngine.create(config, tokenizer, metrics)

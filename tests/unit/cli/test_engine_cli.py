@@ -19,6 +19,8 @@ from kvtide.cli import main
         (["--model", "nope"], "nope"),
         (["--eviction", "bogus"], "bogus"),
         (["--kv-events-format", "zmq"], "--kv-events-format"),
+        (["--scheduling-policy", "lifo"], "--scheduling-policy"),
+        (["--model", "smollm2-135m", "--scheduling-policy", "priority"], "--scheduling-policy"),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(
