@@ -80,6 +80,8 @@ class Limit:
     share: float
     why: str
     change: str
+    detail: str = ""
+    """A part of ``tokens`` worth its own line (printed under ``why``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,8 @@ class Diagnosis:
             out.append("limits: none measurable; the cache is at its ceiling")
         for i, lim in enumerate(self.limits, 1):
             out.append(f"limit {i}: {lim.name} ({_pct(lim.share)} of prompt tokens): {lim.why}")
+            if lim.detail:
+                out.append(f"  {lim.detail}")
             out.append(f"  change: {lim.change}")
         if b is not None:
             if b.target_capacity_tokens is None:
@@ -164,13 +168,16 @@ def diagnose(o: Observed, bounds: Bounds | None = None) -> Diagnosis:
                 if bounds
                 else "a larger device pool or a host tier; run doctor with --workload to size it"
             )
+            detail = ""
             if queued > 0:
-                why += (
-                    f"; {min(queued, miss['evicted']):,.0f} of them the router had predicted "
-                    "cached, and the engine evicted them while the request waited in its queue"
+                detail = (
+                    f"of them, {min(queued, miss['evicted']):,.0f} were predicted hits evicted "
+                    "while queued at an engine"
                 )
-                change += "; or shorter engine queues (more replicas for this load)"
-            limits.append(Limit("capacity", miss["evicted"], miss["evicted"] / p, why, change))
+                change += "; or shorter engine queues"
+            limits.append(
+                Limit("capacity", miss["evicted"], miss["evicted"] / p, why, change, detail)
+            )
         elif queued > 0:  # the router's view alone (no engine cache counters)
             limits.append(
                 Limit(

@@ -58,8 +58,8 @@ def test_doctor_on_engines_and_a_gateway_names_the_queue_evictions_within_capaci
     assert main(["doctor", "--scrape", str(path)]) == 0
     out = capsys.readouterr().out
     assert "limit 1: capacity (33.3% of prompt tokens)" in out and "16 tokens missed" in out
-    assert "12 of them the router had predicted cached" in out
-    assert "shorter engine queues" in out
+    assert "\n  of them, 12 were predicted hits evicted while queued at an engine\n" in out
+    assert "or shorter engine queues" in out
     assert "limit 2" not in out
 
 
