@@ -18,6 +18,7 @@ from kvtide.errors import ConfigError, NoHealthyReplica
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import IndexStore
+from kvtide.routing.pace import PrefillPace
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
 from kvtide.routing.ttft import TtftModel, default_ttft_model
@@ -44,8 +45,9 @@ class RoutingPolicy(Protocol):
 @dataclass(slots=True)
 class RoutingContext:
     """What a policy may use besides the replicas: the engines' block size, a clock and a
-    seeded rng (nothing else reads time or randomness), the event-fed index, a TTFT model
-    and the index's health. One context may be shared by several policies. ``clock`` is
+    seeded rng (nothing else reads time or randomness), the event-fed index, a TTFT model,
+    the index's health and the engines' pace against the TTFT model (``routing.pace``, which
+    the ``Router`` feeds). One context may be shared by several policies. ``clock`` is
     required (keyword-only): ``WallClock()`` in a gateway, ``ManualClock()`` in a simulation;
     TTLs, provisional holds and event lag are measured on it."""
 
@@ -55,6 +57,7 @@ class RoutingContext:
     index: IndexStore | None = None
     ttft_model: TtftModel = field(default_factory=default_ttft_model)
     health: IndexHealth = field(default_factory=IndexHealth)
+    pace: PrefillPace = field(default_factory=PrefillPace)
 
     def __post_init__(self) -> None:
         require_clock(self.clock, "RoutingContext")

@@ -14,6 +14,7 @@ from kvtide.errors import UsageError
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.decision import RouteDecision
 from kvtide.routing.index import RemovalFeed
+from kvtide.routing.pace import PrefillPace
 from kvtide.routing.policies import BasePolicy, RoutingPolicy
 from kvtide.routing.replica import ReplicaState
 from kvtide.routing.request import RouteRequest
@@ -27,7 +28,9 @@ class Router:
     policy's ``RoutingContext.block_tokens``: its hashes could never match the index.
     With an index that reports its removals (``GlobalPrefixIndex``), each predicted hit is
     watched until the first token, so that ``IndexHealth`` does not blame the index for a
-    prefix the engine evicted while the request waited (``routing.watch``)."""
+    prefix the engine evicted while the request waited (``routing.watch``). First tokens of
+    requests sent where nothing of this router's was queued teach the context's
+    ``PrefillPace`` how the engines' prefill compares with the TTFT model."""
 
     def __init__(
         self,
@@ -56,6 +59,12 @@ class Router:
             index.subscribe_removals(self.watch.removed)
         # requests whose predicted prefix was evicted before their first token, reported later
         self._evicted_queued: set[int] = set()
+        # the engines' pace against the TTFT model: requests sent to a replica with no prefill
+        # queued, (dispatch time, predicted prefill s) until their first token
+        ctx = policy.ctx if isinstance(policy, BasePolicy) else None
+        self.pace: PrefillPace | None = ctx.pace if ctx is not None else None
+        self._clock = ctx.clock if ctx is not None else None
+        self._paced: dict[int, tuple[float, float]] = {}
 
     def set_policy(self, policy: RoutingPolicy) -> None:
         """Routes with ``policy`` from the next request on, over the same replicas (and the
@@ -105,6 +114,9 @@ class Router:
             watch.watch(id(request), decision.replica, request.block_hashes[last])
         if self._retired:
             self._fresh.add(id(request))
+        if decision.ttft_s and not decision.queue_tokens and self._clock is not None:
+            # nothing of ours queued there: the prediction is the request's own prefill
+            self._paced[id(request)] = (self._clock.now(), decision.ttft_s)
         return decision
 
     def _policy_of(self, request: RouteRequest) -> RoutingPolicy:
@@ -131,13 +143,20 @@ class Router:
         request: RouteRequest,
         decision: RouteDecision,
         reported_cached_tokens: int | None = None,
+        *,
+        on_time: bool = True,
     ) -> None:
         """The first token came back; ``reported_cached_tokens`` is what the engine reused
         (OpenAI ``usage.prompt_tokens_details.cached_tokens``) when known, else ``report``
-        it when it comes (a stream's last chunk)."""
+        it when it comes (a stream's last chunk). ``on_time=False``: told later than the
+        first token (a whole non-streamed answer, a stream with no output chunk), so its
+        time says nothing of the engine's prefill pace."""
         r = self.replicas.get(decision.replica)
         if r is not None:
             r.prefill_done(_prefill_tokens(request, decision), request.prompt_tokens)
+        paced = self._paced.pop(id(request), None)
+        if on_time and paced is not None and self.pace is not None and self._clock is not None:
+            self.pace.observe(paced[1], self._clock.now() - paced[0])
         # the request holds its blocks from here: a later eviction is not the queue's doing
         evicted = self.watch.settle(id(request)) if self.watch is not None else False
         if reported_cached_tokens is not None:
@@ -166,6 +185,7 @@ class Router:
         """Whether the request's predicted prefix was evicted before its first token; stops
         tracking it."""
         key = id(request)
+        self._paced.pop(key, None)
         evicted = self.watch.settle(key) if self.watch is not None else False
         if key in self._evicted_queued:
             self._evicted_queued.discard(key)
