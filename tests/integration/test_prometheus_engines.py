@@ -170,7 +170,7 @@ def test_prometheus_scrapes_two_engines_and_a_gateway_and_every_panel_has_data(
         assert not empty, "\n".join(empty)
         router = [e for _, e in panel_queries() if ROUTER_PREFIX in e]
         print(f"panel queries: {len(panel_queries())}, router ones: {len(router)}, all with data")
-        assert len(router) == 9
+        assert len(router) == 10
         # the gateway's index saw the engines' events and predicted hits the engines reported
         predicted = query(url, "kvtide_router_predicted_cached_tokens_total", now)
         reported = query(url, "kvtide_router_reported_cached_tokens_total", now)

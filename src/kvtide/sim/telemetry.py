@@ -102,7 +102,9 @@ class FleetTelemetry:
             for rec, r in zip(self.recorders, fleet.replicas, strict=True)
         ]
         self.router_recorder = MemoryRecorder()
-        self.router = RouterTelemetry(self.router_recorder, fleet.router.health, self._holders)
+        self.router = RouterTelemetry(
+            self.router_recorder, fleet.router.health, self._holders, pace=fleet.router.pace
+        )
         self.detector = EarlyWarning(self.config, self.router_recorder, log=False)
         self._original = [r.cache.capacity_blocks for r in fleet.replicas]
         self._owed = [0] * len(fleet.replicas)

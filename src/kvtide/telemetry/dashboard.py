@@ -177,6 +177,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ),
     ("Prefix replication factor", "short", [("replicas", f"max({_q(m.REPLICATION)})")]),
     (
+        "Engine prefill pace (over the routing model)",
+        "short",
+        [("pace", f"max({_q(m.PREFILL_PACE)})")],
+    ),
+    (
         "Gateway requests by status",
         "reqps",
         [("{{status}}", f"sum by (status) (rate({_q(GATEWAY_REQUESTS)}[5m]))")],

@@ -200,6 +200,12 @@ EVICTED_QUEUED_TOKENS = _c(
     "tokens",
     "Predicted cached tokens the engine evicted while the request waited in its queue.",
 )
+PREFILL_PACE = _g(
+    "kvtide_router_prefill_pace_ratio",
+    "ratio",
+    "The engines' prefill seconds over the routing TTFT model's, from recent first tokens "
+    "(1 until learned).",
+)
 REPLICATION = _g(
     "kvtide_router_prefix_replication_replicas",
     "replicas",

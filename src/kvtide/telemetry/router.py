@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kvtide.routing.consistency import IndexHealth
+from kvtide.routing.pace import PrefillPace
 from kvtide.telemetry.metrics import (
     EVENTS_LOST,
     EVICTED_QUEUED_TOKENS,
     INDEX_LAG,
     INDEX_MAX_LAG,
     PREDICTED_TOKENS,
+    PREFILL_PACE,
     REGRET_TOKENS,
     REPLICATION,
     REPORTED_TOKENS,
@@ -61,7 +63,8 @@ class HotPrefixes:
 class RouterTelemetry:
     """``holders(path)`` counts the replicas holding the prefix ``path`` (from the router's
     index, or in the simulator the caches themselves); the replication factor is its mean over the
-    ``top`` hottest prefixes. Call ``routed`` per routed request, ``collect`` periodically."""
+    ``top`` hottest prefixes; ``pace`` the router's (``Router.pace``): the factor in use,
+    1 until it has learned one. Call ``routed`` per routed request, ``collect`` periodically."""
 
     def __init__(
         self,
@@ -71,9 +74,11 @@ class RouterTelemetry:
         *,
         hot: HotPrefixes | None = None,
         top: int = 16,
+        pace: PrefillPace | None = None,
     ) -> None:
         self.recorder = recorder
         self.health = health
+        self.pace = pace
         self.holders = holders
         self.hot = hot or HotPrefixes()
         self.top = top
@@ -104,6 +109,8 @@ class RouterTelemetry:
         self._add(REPORTED_TOKENS, s.reported_tokens)
         self._add(REGRET_TOKENS, s.regret_tokens)
         self._add(EVICTED_QUEUED_TOKENS, s.evicted_queued_tokens)
+        if self.pace is not None:
+            rec.set(PREFILL_PACE, self.pace.factor)
         hot = self.hot.top(self.top)
         if hot:
             rec.set(REPLICATION, sum(self.holders(h) for h in hot) / len(hot))
