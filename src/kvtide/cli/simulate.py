@@ -23,7 +23,7 @@ from kvtide.core.admission import ADMISSION_FILTERS
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
 from kvtide.display import DASH, applies, number, plural, seconds
-from kvtide.engine.scheduler import EngineConfig
+from kvtide.engine.scheduler import SCHEDULING_POLICIES, EngineConfig
 from kvtide.errors import ConfigError
 from kvtide.quantities import flag, items, text
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
@@ -124,6 +124,13 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, *, with_workload: bool 
         "--prefill-only",
         action="store_true",
         help="simulate a disaggregated prefill pool alone: requests end at their first token",
+    )
+    parser.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=SCHEDULING_POLICIES,
+        help="the engines' waiting queue, as vLLM's flag: fcfs, or priority by the priority "
+        "the router sets (cost:deadline_k=K) (default fcfs)",
     )
     parser.add_argument(
         "--eviction",
@@ -278,7 +285,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         decode_replicas=args.decode_replicas,
         kv_transfer=args.kv_transfer,
         engine=EngineConfig(
-            max_batched_tokens=args.max_batched_tokens, prefill_only=args.prefill_only
+            max_batched_tokens=args.max_batched_tokens,
+            prefill_only=args.prefill_only,
+            scheduling_policy=args.scheduling_policy,
         ),
     )
 

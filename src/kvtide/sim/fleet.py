@@ -314,11 +314,13 @@ class Fleet:
         self._flights[request.request_id] = _Flight(route, decision)
         if self.decoders:
             self._requests_by_id[request.request_id] = request
+        now = self.clock.now()
         replica.driver.add(
             request,
             hashes,
-            self.clock.now(),
+            now,
             arrival_s=request.arrival_s if arrival_s is None else arrival_s,
+            priority=decision.engine_priority(now) or 0,  # what a gateway would send
         )
         self._publish(replica)
         self._arm(replica)

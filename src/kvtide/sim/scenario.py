@@ -26,7 +26,7 @@ from kvtide.engine.timing import IterationTimer
 from kvtide.errors import ConfigError
 from kvtide.routing import GlobalPrefixIndex, RoutingContext
 from kvtide.routing.identity import RequestHasher
-from kvtide.routing.specs import build_policy, needs_index
+from kvtide.routing.specs import build_policy, needs_index, parse_router
 from kvtide.sim.fleet import Fleet, FleetConfig, Outage
 from kvtide.sim.loop import EventLoop
 from kvtide.sim.metrics import RunSummary, TimeSeries
@@ -90,6 +90,14 @@ class Scenario:
             raise ConfigError("the host cache size must be >= 0")
         if self.disk_cache_tokens < 0:
             raise ConfigError("the disk cache size must be >= 0")
+        deadline_k = parse_router(self.router)[1].get("deadline_k")
+        if deadline_k and self.engine.scheduling_policy != "priority":
+            # the engines would ignore the priorities the router sets: say so, not a silent no-op
+            raise ConfigError(
+                f"router {self.router!r} sets the engines' queue order (deadline_k), but they "
+                f"schedule {self.engine.scheduling_policy}: add --scheduling-policy priority "
+                "(scheduling_policy: priority in a sweep)"
+            )
 
     def with_(self, **changes: object) -> Scenario:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

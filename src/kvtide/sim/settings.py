@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtide.core.admission import ADMISSION_FILTERS
+from kvtide.engine.scheduler import SCHEDULING_POLICIES
 from kvtide.errors import ConfigError
 from kvtide.quantities import (
     InvalidValue,
@@ -122,6 +123,7 @@ ENGINE_SETTINGS: Mapping[str, Setting] = {
     "max_num_seqs": Setting(integer, {"minimum": 1, "maximum": 10**6}),
     "max_decode_steps": Setting(integer, {"minimum": 1, "maximum": 10**6}),
     "prefill_only": Setting(boolean),
+    "scheduling_policy": Setting(text, {"choices": frozenset(SCHEDULING_POLICIES)}),
 }
 """Fields of ``kvtide.engine.scheduler.EngineConfig``."""
 SETTINGS: Mapping[str, Setting] = {**SCENARIO_SETTINGS, **ENGINE_SETTINGS}
