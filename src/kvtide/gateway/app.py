@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from kvtide.asgi import Send
-from kvtide.clock import Clock, WallClock
+from kvtide.clock import Clock, EpochClock, WallClock
 from kvtide.errors import KvtideError
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
@@ -78,6 +78,7 @@ class Gateway:
         self.config = config
         # one clock for load, health, limits and routing: a test harness drives it by hand
         self.clock: Clock = clock if clock is not None else WallClock()
+        self.epoch: Clock = EpochClock()
         self.metrics = GatewayMetrics()
         if tokenizer is None and config.tokenizer:
             tokenizer = load_tokenizer(config.tokenizer)
@@ -139,7 +140,9 @@ class Gateway:
         self._seeds: dict[tuple[str, str], int] = {}
         self._ids = itertools.count()
         # the router's families and the fleet's early warning, after kvtide_gateway_* on /metrics
-        self.telemetry = GatewayTelemetry(self.router.health, self.index, self.clock)
+        self.telemetry = GatewayTelemetry(
+            self.router.health, self.index, self.clock, pace=self.router.pace
+        )
         self.metrics.attach(self.telemetry.exposition)
         self.intakes: dict[ReplicaId, EventIntake] = {}
         self.intake_tasks: dict[ReplicaId, asyncio.Task[None]] = {}
@@ -318,6 +321,7 @@ class Gateway:
         if self.draining:
             raise ApiError(UNAVAILABLE, "the gateway is draining", retry_after_s=1.0)
         arrival_s = self.clock.now()
+        arrival_epoch_s = self.epoch.now()  # what the engines' queue order is stamped in
         tenant = self.tenants.authenticate(authorization)
         body = json_object(raw)
         model = body.get("model")
@@ -334,7 +338,16 @@ class Gateway:
         self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
         try:
             return await self._forward(
-                send, path, body, tenant, prompt, model, stream, max_tokens, arrival_s
+                send,
+                path,
+                body,
+                tenant,
+                prompt,
+                model,
+                stream,
+                max_tokens,
+                arrival_s,
+                arrival_epoch_s,
             )
         finally:
             self.tenants.release(tenant)
@@ -350,6 +363,7 @@ class Gateway:
         stream: bool,
         max_tokens: int,
         arrival_s: float,
+        arrival_epoch_s: float,
     ) -> int:
         # the client's cache_salt never reaches an engine: the tenant's secret salt does
         body.pop("cache_salt", None)
@@ -361,8 +375,9 @@ class Gateway:
             match = await self.shared.match(prompt.hashes)
             if match is not None:
                 route = dataclasses.replace(route, prefix_match=match)
-        payload = orjson.dumps(body)
-        return await self.proxy.forward(send, path, payload, route, model, stream, arrival_s)
+        return await self.proxy.forward(
+            send, path, body, route, model, stream, arrival_s, arrival_epoch_s
+        )
 
     # --- admin -----------------------------------------------------------------------------
 

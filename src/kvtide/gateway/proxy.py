@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -79,15 +80,18 @@ class Proxy:
         self,
         send: Send,
         path: str,
-        payload: bytes,
+        body: dict[str, Any],
         route: RouteRequest,
         model: str,
         stream: bool,
         arrival_s: float,
+        arrival_epoch_s: float,
     ) -> int:
-        """Answers the client through ``send``; the HTTP status it got."""
+        """Answers the client through ``send`` (``body``: the request as the engine gets it;
+        ``arrival_epoch_s``: its arrival in Unix seconds); the HTTP status it got."""
         tried = None
         last: _Failed | None = None
+        payload = b""
         for attempt in range(2):
             # under a cap per replica: wait for room, then route at once (no await between)
             await self.admission.wait(model, tried)
@@ -95,6 +99,14 @@ class Proxy:
             if chosen is None:
                 break
             replica, decision = chosen
+            priority = decision.engine_priority(arrival_epoch_s)
+            if priority is not None:
+                # the router orders the engines' queues (cost's deadline_k): its deadline on
+                # this replica replaces any priority the client sent
+                body["priority"] = priority
+                payload = orjson.dumps(body)
+            elif not payload:
+                payload = orjson.dumps(body)
             try:
                 status = await self._attempt(
                     send, replica, path, payload, route, decision, stream, arrival_s
@@ -148,7 +160,8 @@ class Proxy:
                     body = await resp.read()
                 except (TimeoutError, OSError) as exc:
                     raise _Failed("read", exc) from exc
-                self.router.prefill_done(route, decision, _cached_tokens(body))
+                # the whole answer: its first token came earlier, when is not known
+                self.router.prefill_done(route, decision, _cached_tokens(body), on_time=False)
                 booking.prefilled = True
                 replica.succeeded()
                 self.metrics.first_byte.observe(self.now_s() - arrival_s)
@@ -208,7 +221,7 @@ class Proxy:
         if first:  # an empty 200 stream: pass it on as such
             await start_stream(send, 200, headers)
         elif not booking.prefilled:  # no output chunk at all, yet the engine finished
-            self.router.prefill_done(route, decision)
+            self.router.prefill_done(route, decision, on_time=False)
             booking.prefilled = True
         replica.succeeded()
         await end_stream(send)

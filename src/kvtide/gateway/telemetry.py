@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from kvtide.clock import Clock
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.index import IndexStore
+from kvtide.routing.pace import PrefillPace
 from kvtide.telemetry.detector import Alert, DetectorConfig, EarlyWarning, Sample
 from kvtide.telemetry.metrics import BY_NAME, Kind
 from kvtide.telemetry.recorders import MemoryRecorder, PrometheusRecorder
@@ -90,11 +91,12 @@ class GatewayTelemetry:
         index: IndexStore,
         clock: Clock,
         config: DetectorConfig | None = None,
+        pace: PrefillPace | None = None,
     ) -> None:
         self.recorder = PrometheusRecorder()
         self.index = index
         self.clock = clock
-        self.router = RouterTelemetry(self.recorder, health, self.holders)
+        self.router = RouterTelemetry(self.recorder, health, self.holders, pace=pace)
         self.detector = EarlyWarning(config, self.recorder)
         self.engines: dict[ReplicaId, _EngineCounters] = {}
         self._next_s = clock.now()

@@ -95,9 +95,9 @@ def wait_aborted(port: int, timeout_s: float = 5.0) -> dict:
     return stats
 
 
-def emulated_engines(n: int) -> list[Engine]:
+def emulated_engines(n: int, *extra: str) -> list[Engine]:
     """``n`` `kvtide engine` processes (20x the modelled GPU's speed) serving model ``emu``,
-    each with vLLM-format KV events and a replay socket."""
+    each with vLLM-format KV events and a replay socket (``extra``: more flags)."""
     out = []
     for _ in range(n):
         out.append(
@@ -110,6 +110,7 @@ def emulated_engines(n: int) -> list[Engine]:
                 str(free_port()),
                 "--kv-events-replay-port",
                 str(free_port()),
+                *extra,
             )
         )
     return out
