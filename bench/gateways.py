@@ -24,7 +24,9 @@ skipped):
    N times, in rounds (all gateways, then all again), and prints medians; the JSON keeps each
    run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with options beside, and
    ``--only "kvtide cost cap 4"`` one with ``limits.max_in_flight_per_replica: 4`` (requests
-   beyond 4 per engine wait in the gateway's queue).
+   beyond 4 per engine wait in the gateway's queue). ``--scheduling-policy priority`` starts
+   every engine admitting by vLLM's ``priority``, which ``kvtide cost:deadline_k=3`` sets
+   (the peers send none, so their requests are served in arrival order as under fcfs).
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
@@ -386,6 +388,8 @@ def _engine_args(sizing: dict[str, Any], args: argparse.Namespace) -> list[str]:
         f"{sizing['speedup']:.4g}",
         "--kv-cache-tokens",
         str(sizing["kv_tokens_per_engine"]),
+        "--scheduling-policy",
+        args.scheduling_policy,
     ]
 
 
@@ -456,17 +460,19 @@ INDEX_COUNTS = {
     "kvtide_router_reported_cached_tokens_total": "reported_tokens",
     "kvtide_router_evicted_queued_tokens_total": "evicted_queued_tokens",
 }
+PACE = "kvtide_router_prefill_pace_ratio"
 
 
-async def gateway_decisions(url: str) -> tuple[dict[str, int], dict[str, int]]:
+async def gateway_decisions(url: str) -> tuple[dict[str, int], dict[str, float]]:
     """A kvtide gateway's routing decisions so far by the policy's branch (``reason``):
     how much of a run the cost's holder rule, hot spreading or the cold hash decided; and its
     index's predicted cached tokens against what the engines reported, with the predicted
-    tokens the engines evicted while the requests waited in their queues."""
+    tokens the engines evicted while the requests waited in their queues, and the engines'
+    prefill pace the router learned (their seconds over its TTFT model's)."""
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
         text = await r.text()
     out: dict[str, int] = {}
-    index: dict[str, int] = {}
+    index: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == DECISIONS:
@@ -474,6 +480,8 @@ async def gateway_decisions(url: str) -> tuple[dict[str, int], dict[str, int]]:
                 out[reason] = out.get(reason, 0) + int(sample.value)
             elif sample.name in INDEX_COUNTS:
                 index[INDEX_COUNTS[sample.name]] = int(sample.value)
+            elif sample.name == PACE:
+                index["prefill_pace"] = round(sample.value, 3)
     return out, index
 
 
@@ -770,6 +778,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="offered prefill with no hits over the fleet's prefill capacity (sets --speedup)",
     )
     p.add_argument("--max-model-len", type=int, default=32_768, help="engines' context")
+    p.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="the engines' waiting queue, for every gateway: priority honours the priority "
+        "`kvtide cost:deadline_k=K` sets (the peers set none: FCFS among theirs)",
+    )
     p.add_argument("--overhead-rate", type=float, default=200.0)
     p.add_argument("--overhead-duration", type=float, default=5.0)
     p.add_argument("--hot-rate", type=float, default=40.0)
@@ -807,7 +822,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     fronts = gateways_to_run([KVTIDE], args.peers_venv, args.only)
     print(f"bench/gateways.py rev {git_rev()} config {json.dumps(vars(args), default=str)}")
     results: dict[str, Any] = {"config": vars(args), "rev": git_rev(), "gateways": fronts}
-    base = ["--max-model-len", str(args.max_model_len)]
+    base = [
+        "--max-model-len",
+        str(args.max_model_len),
+        "--scheduling-policy",
+        args.scheduling_policy,
+    ]
     with ProcessGroup() as group:
         engines = [start_engine(group, MODEL, base, f"engine {i}") for i in range(args.engines)]
         wait_all_ready(engines)
@@ -925,7 +945,8 @@ def print_workload(name: str, rows: dict[str, Any]) -> None:
                 print(
                     f"    {gw} run {i + 1} predicted cached tokens {index['predicted_tokens']:,}, "
                     f"reported {index.get('reported_tokens', 0):,}, evicted while queued "
-                    f"{index.get('evicted_queued_tokens', 0):,} ({lost:.1%} of predicted)"
+                    f"{index.get('evicted_queued_tokens', 0):,} ({lost:.1%} of predicted), "
+                    f"prefill pace {index.get('prefill_pace', 1.0):.2f}x the model"
                 )
 
 
