@@ -448,6 +448,8 @@ class Gateway:
                     # role, ends a request's share)
                     "queued_prefill_tokens": r.state.queued_prefill_tokens,
                     "slow_start": r.allowance,
+                    # false for a while after it refused the router's priority (FCFS engine)
+                    "takes_priority": r.takes_priority(self.clock.now()),
                     "events": None
                     if intake is None
                     else {"connected": intake.is_connected, **dataclasses.asdict(intake.stats)},

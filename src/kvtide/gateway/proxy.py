@@ -11,6 +11,7 @@ request.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -22,14 +23,19 @@ from kvtide.asgi.messages import end_stream, send_chunk, start_stream
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.metrics import GatewayMetrics
-from kvtide.gateway.replicas import Replica, ReplicaSet
+from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
 from kvtide.gateway.upstream import Response, UpstreamPool
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
 from kvtide.types import ReplicaId
 
+log = logging.getLogger(__name__)
+
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+# vLLM's 400 for a priority under FCFS ("Got priority 5 but Priority scheduling is not
+# enabled."); kvtide engine's says the same
+_PRIORITY_OFF = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
 _PASSED_HEADERS = (b"content-type", b"cache-control")
 
 
@@ -44,6 +50,11 @@ class _Failed(Exception):
         super().__init__(kind)
         self.kind = kind
         self.error = error
+
+
+class _PriorityRefused(Exception):
+    """The engine answered 400 to the ``priority`` the router set: it does not schedule by
+    priority. Nothing reached the client; the request is sent again without one."""
 
 
 class _Booking:
@@ -92,7 +103,8 @@ class Proxy:
         tried = None
         last: _Failed | None = None
         payload = b""
-        for attempt in range(2):
+        attempt = 0
+        while attempt < 2:
             # under a cap per replica: wait for room, then route at once (no await between)
             await self.admission.wait(model, tried)
             chosen = self.choose(route, model, tried)
@@ -100,19 +112,33 @@ class Proxy:
                 break
             replica, decision = chosen
             priority = decision.engine_priority(arrival_epoch_s)
+            prioritised = priority is not None and replica.takes_priority(self.now_s())
             if priority is not None:
                 # the router orders the engines' queues (cost's deadline_k): its deadline on
-                # this replica replaces any priority the client sent
-                body["priority"] = priority
+                # this replica replaces any priority the client sent, and an engine that
+                # refuses priorities gets none
+                if prioritised:
+                    body["priority"] = priority
+                else:
+                    body.pop("priority", None)
                 payload = orjson.dumps(body)
             elif not payload:
                 payload = orjson.dumps(body)
             try:
                 status = await self._attempt(
-                    send, replica, path, payload, route, decision, stream, arrival_s
+                    send, replica, path, payload, route, decision, stream, arrival_s, prioritised
                 )
                 self.metrics.duration.observe(self.now_s() - arrival_s)
                 return status
+            except _PriorityRefused:
+                # routed again (the same replica may win), without a priority for this one
+                replica.priority_refused_s = self.now_s()
+                log.warning(
+                    "%s refuses request priorities (start it with --scheduling-policy "
+                    "priority): none sent there for %.0f s",
+                    replica.replica_id,
+                    PRIORITY_RETRY_S,
+                )
             except _Failed as failed:
                 last = failed
                 tried = replica.replica_id
@@ -121,6 +147,7 @@ class Proxy:
                     self.metrics.healthy.labels(replica.replica_id).set(0)
                 if attempt == 0:
                     self.metrics.retries.inc()
+                attempt += 1
         if last is None:
             raise NoHealthyReplica(f"no healthy replica serves model {model!r}")
         if last.kind == "timeout":
@@ -137,6 +164,7 @@ class Proxy:
         decision: RouteDecision,
         stream: bool,
         arrival_s: float,
+        prioritised: bool,
     ) -> int:
         replica.in_flight += 1
         gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
@@ -160,6 +188,8 @@ class Proxy:
                     body = await resp.read()
                 except (TimeoutError, OSError) as exc:
                     raise _Failed("read", exc) from exc
+                if prioritised and resp.status == 400 and _PRIORITY_OFF.search(body):
+                    raise _PriorityRefused
                 # the whole answer: its first token came earlier, when is not known
                 self.router.prefill_done(route, decision, _cached_tokens(body), on_time=False)
                 booking.prefilled = True

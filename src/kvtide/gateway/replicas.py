@@ -14,6 +14,9 @@ from kvtide.gateway.config import Failover, ReplicaSpec
 from kvtide.routing import ReplicaState
 from kvtide.types import ReplicaId
 
+PRIORITY_RETRY_S = 60.0
+"""How long a replica that refused a ``priority`` gets none (``Replica.takes_priority``)."""
+
 
 class Replica:
     __slots__ = (
@@ -29,6 +32,7 @@ class Replica:
         "others",
         "others_scraped",
         "others_shared",
+        "priority_refused_s",
         "scraped",
         "spec",
         "state",
@@ -50,6 +54,7 @@ class Replica:
         self.others = 0  # requests from other gateways counted in state.num_requests
         self.others_scraped = 0
         self.others_shared = 0
+        self.priority_refused_s: float | None = None  # when it last refused a priority
 
     @property
     def replica_id(self) -> ReplicaId:
@@ -70,6 +75,13 @@ class Replica:
         state = self.state
         state.num_requests = max(state.num_requests + others - self.others, 0)
         self.others = others
+
+    def takes_priority(self, now_s: float) -> bool:
+        """Whether to send it a ``priority``: yes unless it refused one (an engine not started
+        to schedule by priority) less than ``PRIORITY_RETRY_S`` ago; then it is asked again,
+        since an engine restarted with the policy takes them."""
+        refused = self.priority_refused_s
+        return refused is None or now_s - refused >= PRIORITY_RETRY_S
 
     @property
     def is_up(self) -> bool:

@@ -3,11 +3,14 @@ reaches its engine with vLLM's ``priority`` set to its deadline in Unix millisec
 plus K of its own predicted prefills on that replica), replacing any priority the client sent;
 a request whose prefix the chosen replica holds gets the earlier deadline. Without the option
 the gateway leaves ``priority`` as the client sent it. Behind real `kvtide engine --scheduling-
-policy priority` processes the official `openai` client is served throughout."""
+policy priority` processes the official `openai` client is served throughout, and an engine
+that refuses priorities (still FCFS) is served without them, the client none the wiser."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import openai
@@ -119,3 +122,45 @@ def test_engines_with_priority_scheduling_serve_the_deadlines(
         assert cached[0] == 0 and all(c > 0 for c in cached[2:]), cached
     finally:
         gw.stop()
+
+
+@pytest.mark.slow
+def test_an_engine_that_refuses_priorities_is_served_without_them() -> None:
+    """A fleet mid-rollout: one engine schedules by priority, one is still FCFS (vLLM's 400 for
+    any priority). No client sees that 400: the request is routed again without a priority
+    for the FCFS engine, which /ready then shows as not taking them."""
+    engines: list[Engine] = []
+    gw: Proc | None = None
+    try:
+        engines += emulated_engines(1)  # fcfs
+        engines += emulated_engines(1, "--scheduling-policy", "priority")
+        replicas = []
+        for e in engines:
+            replicas += ["--replica", f"{e.url}=emu,events={e.events},replay={e.replay}"]
+        port = free_port()
+        gw = gateway(port, *replicas, "--tokenizer", "smollm2", "--policy", "cost:deadline_k=3")
+        url = f"http://127.0.0.1:{port}"
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        fcfs = engines[0].url.removeprefix("http://")
+        refused = False
+        for i in range(24):  # distinct conversations: the cold hash spreads them over both
+            r = c.completions.create(
+                model="emu", prompt=f"Voyage {i}: " + HISTORY[: 400 + 37 * i], max_tokens=2
+            )
+            assert r.usage is not None and r.usage.completion_tokens == 2
+            with urllib.request.urlopen(f"{url}/ready", timeout=5) as resp:
+                ready = {x["id"]: x for x in json.load(resp)["replicas"]}
+            refused = not ready[fcfs]["takes_priority"]
+            if refused:
+                break
+        assert refused, "the FCFS engine never got a request"
+        assert all(x["takes_priority"] for rid, x in ready.items() if rid != fcfs)
+        # and it keeps serving through the gateway, now without priorities
+        for i in range(4):
+            r = c.completions.create(model="emu", prompt=f"After {i}: " + HISTORY, max_tokens=2)
+            assert r.usage is not None
+    finally:
+        if gw is not None:
+            gw.stop()
+        for e in engines:
+            e.stop()
