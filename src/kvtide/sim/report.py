@@ -328,6 +328,7 @@ def _setup(scenario: Scenario, workload: dict[str, Any]) -> str:
         ("KV per replica", describe_tiers(scenario)),
         ("eviction", scenario.eviction),
         ("batch budget", f"{tokens(engine.max_batched_tokens)} per iteration"),
+        ("scheduling", engine.scheduling_policy),
         ("prefill only", "yes" if engine.prefill_only else "no"),
         ("KV transfer", "yes" if scenario.kv_transfer else "no"),
         (

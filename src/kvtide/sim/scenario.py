@@ -250,6 +250,7 @@ def describe_setup(scenario: Scenario) -> dict[str, object]:
         "outages": [dataclasses.asdict(o) for o in scenario.outages],
         "coordinator_outage": scenario.coordinator_outage,
         "max_batched_tokens": scenario.engine.max_batched_tokens,
+        "scheduling_policy": scenario.engine.scheduling_policy,
         "prefill_only": scenario.engine.prefill_only,
         "seed": scenario.seed,
     }
@@ -428,6 +429,9 @@ def _diagnostics(fleet: Fleet) -> dict[str, float]:
         "index_recall": health.recall,
         "regret_tokens": health.regret_tokens,
         "evicted_queued_tokens": health.evicted_queued_tokens,
+        # the engines' prefill seconds over the TTFT model's, as the router learned it (1.0
+        # until it has; cache-blind policies estimate no TTFT to learn from)
+        "prefill_pace": fleet.router.pace.factor if fleet.router.pace is not None else 1.0,
         "event_batches_sent": fleet.channel.counters.sent,
         "event_batches_lost": fleet.channel.counters.dropped,
         "event_batches_lost_in_outage": fleet.num_batches_lost_in_outage,
