@@ -478,7 +478,7 @@ class CostAware(BasePolicy):
             queue_tokens=chosen.queued_prefill_tokens,
             ttft_s=ttft_s,
             score=best_s,
-            deadline_s=self.deadline_k * own_s * self.ctx.pace.factor if self.deadline_k else None,
+            deadline_s=self._deadline(own_s) if self.deadline_k else None,
         )
 
     def _hashed(
@@ -487,8 +487,7 @@ class CostAware(BasePolicy):
         r, _ = bounded_choice(self.rings.ring(cands), key, cands, self.epsilon)
         deadline_s = None
         if self.deadline_k:  # nothing cached is counted on: the whole prompt's prefill
-            own_s = self.model.prefill_time(request.prompt_tokens, 0)
-            deadline_s = self.deadline_k * own_s * self.ctx.pace.factor
+            deadline_s = self._deadline(self.model.prefill_time(request.prompt_tokens, 0))
         return RouteDecision(
             r.replica_id,
             self.name,
@@ -496,6 +495,11 @@ class CostAware(BasePolicy):
             queue_tokens=r.queued_prefill_tokens,
             deadline_s=deadline_s,
         )
+
+    def _deadline(self, own_s: float) -> float:
+        """``deadline_k`` of the request's own predicted prefill ``own_s`` (TTFT-model
+        seconds), in the engines' seconds (the learned pace)."""
+        return self.deadline_k * own_s * self.ctx.pace.factor
 
     def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
         if self.provisional is not None and request.request_id:
