@@ -42,6 +42,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--admin-key", help="bearer key of the admin API (off without it)")
     p.add_argument("--tenant-secret", help="secret the per-tenant cache salts derive from")
     p.add_argument(
+        "--access-log",
+        metavar="FILE",
+        help="append one JSON line per completion request to FILE (- for stdout): tenant, "
+        "replica, route, predicted and reported cached tokens, TTFT; reopened on SIGHUP",
+    )
+    p.add_argument(
         "--http-server",
         choices=("uvicorn", "granian"),
         help="the HTTP/1 server under the ASGI app (default uvicorn: the cheaper per request)",
@@ -66,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         "tenant_secret": args.tenant_secret,
         "replicas": args.replica,
         "http_server": args.http_server,
+        "access_log": args.access_log,
     }
     config = load_config(args.config, overrides)
     if not config.replicas:

@@ -23,6 +23,7 @@ import orjson
 from kvtide.asgi import Send
 from kvtide.clock import Clock, EpochClock, WallClock
 from kvtide.errors import KvtideError
+from kvtide.gateway.access_log import AccessLog, Exchange
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
 from kvtide.gateway.health import HealthChecker
@@ -80,6 +81,11 @@ class Gateway:
         self.clock: Clock = clock if clock is not None else WallClock()
         self.epoch: Clock = EpochClock()
         self.metrics = GatewayMetrics()
+        self.access_log: AccessLog | None = None
+        if config.access_log:
+            self.access_log = AccessLog(
+                config.access_log, on_drop=self.metrics.access_log_dropped.inc
+            )
         if tokenizer is None and config.tokenizer:
             tokenizer = load_tokenizer(config.tokenizer)
         self.prompts = PromptHasher(
@@ -314,40 +320,46 @@ class Gateway:
 
     # --- requests ------------------------------------------------------------------------
 
+    def exchange(self, endpoint: str) -> Exchange:
+        """A request's record, stamped at its arrival (what ``complete`` fills in and the
+        access log writes)."""
+        # the epoch is what the engines' queue order is stamped in
+        return Exchange(endpoint, self.epoch.now(), self.clock.now())
+
     async def complete(
-        self, send: Send, path: str, is_chat: bool, authorization: str | None, raw: bytes
+        self,
+        send: Send,
+        path: str,
+        is_chat: bool,
+        authorization: str | None,
+        raw: bytes,
+        exchange: Exchange,
     ) -> int:
-        """Answers one completion (``raw``: its body) through ``send``; the HTTP status."""
+        """Answers one completion (``raw``: its body) through ``send``; the HTTP status.
+        ``exchange`` (from ``exchange()``) gets what happened to it."""
         if self.draining:
             raise ApiError(UNAVAILABLE, "the gateway is draining", retry_after_s=1.0)
-        arrival_s = self.clock.now()
-        arrival_epoch_s = self.epoch.now()  # what the engines' queue order is stamped in
         tenant = self.tenants.authenticate(authorization)
+        exchange.tenant = tenant.name
         body = json_object(raw)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ApiError(BAD_REQUEST, "'model' must be a non-empty string", "model")
+        exchange.model = model
         if not self.replicas.serves(model):
             raise ApiError(MODEL_NOT_FOUND, f"model {model!r} is not served here", "model")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(BAD_REQUEST, "'stream' must be a boolean", "stream")
+        exchange.stream = stream
         max_tokens = _max_tokens(body)
         seed = self.seed(model, tenant.salt)
         prompt = self.prompts.chat(body, seed) if is_chat else self.prompts.completion(body, seed)
+        exchange.prompt_tokens = prompt.prompt_tokens
         self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
         try:
             return await self._forward(
-                send,
-                path,
-                body,
-                tenant,
-                prompt,
-                model,
-                stream,
-                max_tokens,
-                arrival_s,
-                arrival_epoch_s,
+                send, path, body, tenant, prompt, model, stream, max_tokens, exchange
             )
         finally:
             self.tenants.release(tenant)
@@ -362,22 +374,20 @@ class Gateway:
         model: str,
         stream: bool,
         max_tokens: int,
-        arrival_s: float,
-        arrival_epoch_s: float,
+        exchange: Exchange,
     ) -> int:
         # the client's cache_salt never reaches an engine: the tenant's secret salt does
         body.pop("cache_salt", None)
         if tenant.salt:
             body["cache_salt"] = tenant.salt
         route = self.route_request(prompt, tenant, max_tokens)
+        exchange.request_id = route.request_id
         assert self.proxy is not None, "the app's lifespan has not started"
         if self.shared is not None:
             match = await self.shared.match(prompt.hashes)
             if match is not None:
                 route = dataclasses.replace(route, prefix_match=match)
-        return await self.proxy.forward(
-            send, path, body, route, model, stream, arrival_s, arrival_epoch_s
-        )
+        return await self.proxy.forward(send, path, body, route, model, stream, exchange)
 
     # --- admin -----------------------------------------------------------------------------
 
@@ -391,7 +401,10 @@ class Gateway:
 
     def reload(self) -> None:
         """SIGHUP: re-reads the config file and the keys file; replicas added or removed, the
-        routing policy replaced when ``policy`` changed."""
+        routing policy replaced when ``policy`` changed; the access log's file reopened (a
+        changed ``access_log`` path takes a restart)."""
+        if self.access_log is not None:
+            self.access_log.reopen()
         path = self.config.config_path
         try:
             new = load_config(path, dict(self.config.overrides)) if path else self.config
@@ -508,6 +521,8 @@ class Gateway:
                     tg.create_task(_every(f.health_interval_s, self.checker.check_all)),
                     tg.create_task(_every(f.scrape_interval_s, self.checker.scrape_all)),
                 ]
+                if self.access_log is not None:
+                    loops.append(tg.create_task(self.access_log.run()))
                 if self.shared is not None:
                     await self._maintain_shared()
                     loops.append(tg.create_task(_every(1.0, self._maintain_shared)))
@@ -523,6 +538,8 @@ class Gateway:
             await pool.close()
             if self.shared is not None:
                 await self.shared.close()
+            if self.access_log is not None:
+                await self.access_log.close()  # the drained requests' lines too
 
 
 async def _retire(task: asyncio.Task[None], intake: EventIntake) -> None:

@@ -174,6 +174,9 @@ class GatewayConfig:
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     failover: Failover = field(default_factory=Failover)
+    access_log: str | None = None
+    """A file the access log is appended to (one JSON line per completion request; reopened on
+    SIGHUP), ``-`` for standard output; off by default."""
     http_server: str = "uvicorn"
     """The HTTP/1 server under the ASGI app: ``uvicorn`` (in the loop, the cheaper per request
     at the concurrencies measured, docs/http_stack.md) or ``granian`` (its Rust I/O thread)."""

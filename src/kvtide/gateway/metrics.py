@@ -113,6 +113,11 @@ class GatewayMetrics:
             "Conversation prefixes the tokenization cache holds",
             registry=r,
         )
+        self.access_log_dropped = Counter(
+            "kvtide_gateway_access_log_dropped_total",
+            "Access log lines lost: the writer fell behind (a stalled disk) or a write failed",
+            registry=r,
+        )
         self.state_degraded = Gauge(
             "kvtide_gateway_state_degraded",
             "1 while the shared state store is unreachable (local index in use)",

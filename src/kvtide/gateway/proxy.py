@@ -21,6 +21,7 @@ import orjson
 from kvtide.asgi import Send, respond
 from kvtide.asgi.messages import end_stream, send_chunk, start_stream
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
+from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
@@ -95,11 +96,11 @@ class Proxy:
         route: RouteRequest,
         model: str,
         stream: bool,
-        arrival_s: float,
-        arrival_epoch_s: float,
+        exchange: Exchange,
     ) -> int:
-        """Answers the client through ``send`` (``body``: the request as the engine gets it;
-        ``arrival_epoch_s``: its arrival in Unix seconds); the HTTP status it got."""
+        """Answers the client through ``send`` (``body``: the request as the engine gets it);
+        the HTTP status it got. ``exchange`` has the arrival and gets the route taken."""
+        arrival_s = exchange.arrival_s
         tried = None
         last: _Failed | None = None
         payload = b""
@@ -111,8 +112,13 @@ class Proxy:
             if chosen is None:
                 break
             replica, decision = chosen
-            priority = decision.engine_priority(arrival_epoch_s)
+            exchange.attempts += 1
+            exchange.replica = replica.replica_id
+            exchange.route = decision.reason
+            exchange.predicted_cached_tokens = decision.cached_tokens
+            priority = decision.engine_priority(exchange.ts)
             prioritised = priority is not None and replica.takes_priority(self.now_s())
+            exchange.priority = priority if prioritised else None
             if priority is not None:
                 # the router orders the engines' queues (cost's deadline_k): its deadline on
                 # this replica replaces any priority the client sent, and an engine that
@@ -126,12 +132,13 @@ class Proxy:
                 payload = orjson.dumps(body)
             try:
                 status = await self._attempt(
-                    send, replica, path, payload, route, decision, stream, arrival_s, prioritised
+                    send, replica, path, payload, route, decision, stream, exchange, prioritised
                 )
                 self.metrics.duration.observe(self.now_s() - arrival_s)
                 return status
             except _PriorityRefused:
                 # routed again (the same replica may win), without a priority for this one
+                exchange.failures.append("priority_refused")
                 replica.priority_refused_s = self.now_s()
                 log.warning(
                     "%s refuses request priorities (start it with --scheduling-policy "
@@ -140,6 +147,7 @@ class Proxy:
                     PRIORITY_RETRY_S,
                 )
             except _Failed as failed:
+                exchange.failures.append(failed.kind)
                 last = failed
                 tried = replica.replica_id
                 self.metrics.upstream_errors.labels(replica.replica_id, failed.kind).inc()
@@ -163,7 +171,7 @@ class Proxy:
         route: RouteRequest,
         decision: RouteDecision,
         stream: bool,
-        arrival_s: float,
+        exchange: Exchange,
         prioritised: bool,
     ) -> int:
         replica.in_flight += 1
@@ -191,14 +199,16 @@ class Proxy:
                 if prioritised and resp.status == 400 and _PRIORITY_OFF.search(body):
                     raise _PriorityRefused
                 # the whole answer: its first token came earlier, when is not known
-                self.router.prefill_done(route, decision, _cached_tokens(body), on_time=False)
+                cached = _cached_tokens(body)
+                exchange.cached_tokens = cached
+                self.router.prefill_done(route, decision, cached, on_time=False)
                 booking.prefilled = True
                 replica.succeeded()
-                self.metrics.first_byte.observe(self.now_s() - arrival_s)
+                self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
                 await respond(send, resp.status, body, headers)
                 return resp.status
             return await self._stream(
-                send, replica, resp, headers, route, decision, booking, arrival_s
+                send, replica, resp, headers, route, decision, booking, exchange
             )
         finally:
             replica.in_flight -= 1
@@ -220,7 +230,7 @@ class Proxy:
         route: RouteRequest,
         decision: RouteDecision,
         booking: _Booking,
-        arrival_s: float,
+        exchange: Exchange,
     ) -> int:
         first = True
         try:
@@ -228,19 +238,22 @@ class Proxy:
                 if first:
                     await start_stream(send, 200, headers)
                     first = False
-                    self.metrics.first_byte.observe(self.now_s() - arrival_s)
+                    self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
                 if not booking.prefilled and not _no_output(chunk):
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
+                    exchange.first_token_s = self.now_s()
                 await send_chunk(send, chunk)
                 if b"cached_tokens" in chunk:
                     cached = _cached_tokens(chunk)
                     if cached is not None:
+                        exchange.cached_tokens = cached
                         self.router.report(route, decision, cached)
         except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc
             replica.failed(self.now_s())
+            exchange.failures.append("mid_stream")
             self.metrics.upstream_errors.labels(replica.replica_id, "mid_stream").inc()
             err = ApiError(BAD_GATEWAY, f"engine {replica.replica_id} failed mid-stream: {exc}")
             await end_stream(send, sse_error_event(err))

@@ -34,6 +34,7 @@ from kvtide.asgi import (
 )
 from kvtide.asgi.messages import BadContentLength, BodyTooLarge, discard_body
 from kvtide.errors import ConfigError, KvtideError
+from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.app import Gateway, json_object
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec
 from kvtide.gateway.replicas import Replica
@@ -173,6 +174,34 @@ class GatewayApp:
     async def _complete(
         self, scope: Scope, receive: Receive, send: Send, path: str, is_chat: bool
     ) -> int:
+        gateway = self.gateway
+        exchange = gateway.exchange("chat" if is_chat else "completions")
+        access_log = gateway.access_log
+        if access_log is None:
+            return await self._answer(scope, receive, send, path, is_chat, exchange)
+        status, error = 500, None
+        try:
+            status = await self._answer(scope, receive, send, path, is_chat, exchange)
+        except Exception as exc:  # _http answers it; the log says what it answered
+            err = as_api_error(exc)
+            status, error = err.status.http, err.status.code
+            raise
+        except asyncio.CancelledError:  # the drain's deadline passed: no answer went back
+            error = "cancelled"
+            raise
+        finally:
+            access_log.record(exchange, status, error, gateway.clock.now())
+        return status
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        is_chat: bool,
+        exchange: Exchange,
+    ) -> int:
         raw = await self._body(scope, receive)
         # a client that goes away cancels this handler, which closes the upstream connection
         task = asyncio.current_task()
@@ -186,7 +215,9 @@ class GatewayApp:
 
         watcher = watch_disconnect(receive, disconnected)
         try:
-            return await self.gateway.complete(send, path, is_chat, _authorization(scope), raw)
+            return await self.gateway.complete(
+                send, path, is_chat, _authorization(scope), raw, exchange
+            )
         except asyncio.CancelledError:
             if not gone:
                 raise

@@ -1,0 +1,201 @@
+"""The access log: one JSON line per completion request, what routing did with it and what the
+engine said back, for an operator asking why one request was slow or missed the cache.
+
+The metrics answer "how many": ``kvtide_gateway_predicted_cached_tokens_total`` against the
+engines' reports, decisions by reason. They cannot say which request went where, predicted how
+many cached tokens, got how many, waited how long. A line does::
+
+    {"ts": 1764892741.123, "id": "gw-17", "endpoint": "chat", "status": 200, "error": null,
+     "tenant": "acme", "model": "llama", "stream": true, "prompt_tokens": 2086,
+     "replica": "10.0.0.7:8000", "route": "affinity", "attempts": 1, "failures": [],
+     "predicted_cached_tokens": 2048, "cached_tokens": 2048, "priority": null,
+     "ttft_ms": 41.2, "duration_ms": 388.0}
+
+``cached_tokens`` is the engine's ``usage.prompt_tokens_details.cached_tokens`` where it sent
+one (a non-streamed answer; a stream with ``stream_options.include_usage``), else null;
+``ttft_ms`` is the first streamed output chunk (null for a non-streamed answer, whose first
+byte is its last); ``failures`` what went wrong on the way, in order: an attempt that failed
+before its first byte (``connect``, ``timeout``, ``read``, ``http_503``...: retried on another
+replica, ``attempts`` counts both), ``priority_refused`` (an engine refused the router's
+priority: routed again without one), ``mid_stream`` (the engine failed after the first byte:
+the client got an SSE error event under status 200). A request refused before routing (401,
+400, 413, 429...) has its status and OpenAI error code and no replica; a client that went
+away, status 499.
+
+Serving never waits for the disk: ``record`` appends the line to a list, and a task in the
+gateway's lifespan writes the lines gathered in a thread every ``flush_s``. Past
+``max_pending`` lines unwritten (a stalled disk), lines are dropped and counted
+(``kvtide_gateway_access_log_dropped_total``), so memory stays bounded. ``-`` writes to
+standard output (containers); a file is opened for appending and reopened on SIGHUP, so
+logrotate can move it away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+import orjson
+
+from kvtide.errors import ConfigError
+
+STDOUT = "-"
+
+log = logging.getLogger("kvtide.gateway")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What the log says of one completion request, filled in as the request goes: the
+    handler knows the endpoint, ``Gateway.complete`` the tenant and prompt, the proxy the
+    replica, the route and the engine's answer."""
+
+    endpoint: str
+    ts: float
+    """Arrival, Unix seconds."""
+    arrival_s: float
+    """Arrival on the gateway's clock (what durations are measured on)."""
+    request_id: str | None = None
+    tenant: str | None = None
+    model: str | None = None
+    stream: bool | None = None
+    prompt_tokens: int | None = None
+    replica: str | None = None
+    route: str | None = None
+    predicted_cached_tokens: int | None = None
+    cached_tokens: int | None = None
+    priority: int | None = None
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+    first_token_s: float | None = None
+    """When the first output chunk went back, on the gateway's clock."""
+
+    def line(self, status: int, error: str | int | None, now_s: float) -> bytes:
+        start = self.arrival_s
+        ttft = self.first_token_s
+        return orjson.dumps(
+            {
+                "ts": round(self.ts, 3),
+                "id": self.request_id,
+                "endpoint": self.endpoint,
+                "status": status,
+                "error": error,
+                "tenant": self.tenant,
+                "model": self.model,
+                "stream": self.stream,
+                "prompt_tokens": self.prompt_tokens,
+                "replica": self.replica,
+                "route": self.route,
+                "attempts": self.attempts,
+                "failures": self.failures,
+                "predicted_cached_tokens": self.predicted_cached_tokens,
+                "cached_tokens": self.cached_tokens,
+                "priority": self.priority,
+                "ttft_ms": None if ttft is None else round((ttft - start) * 1e3, 1),
+                "duration_ms": round((now_s - start) * 1e3, 1),
+            },
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+
+
+class AccessLog:
+    """Lines gathered on the event loop, written by ``run`` (a lifespan task) off it. The
+    file is touched only in worker threads, under one lock: a write, a reopen, the close."""
+
+    def __init__(
+        self,
+        path: str,
+        flush_s: float = 0.5,
+        max_pending: int = 65_536,
+        on_drop: Callable[[int], object] | None = None,
+    ) -> None:
+        self.path = path
+        self.flush_s = flush_s
+        self.max_pending = max_pending
+        self.on_drop = on_drop
+        """Told of lines lost (past ``max_pending`` unwritten, or a failed write), from the
+        loop or a worker thread: a Prometheus counter's ``inc`` is safe from both."""
+        self._pending: list[bytes] = []
+        self._lock = threading.Lock()
+        self._reopen = False
+        self._file: IO[bytes] = self._open()  # at start: a bad path is a config error
+
+    def _open(self) -> IO[bytes]:
+        if self.path == STDOUT:
+            return sys.stdout.buffer
+        try:
+            # unbuffered: a failed write (disk full) leaves nothing behind to fail again at
+            # the next write or at close
+            return open(self.path, "ab", buffering=0)  # held open until close
+        except OSError as exc:
+            raise ConfigError(f"access_log: cannot open {self.path}: {exc.strerror}") from exc
+
+    def record(
+        self, exchange: Exchange, status: int, error: str | int | None, now_s: float
+    ) -> None:
+        if len(self._pending) >= self.max_pending:
+            if self.on_drop is not None:
+                self.on_drop(1)
+            return
+        self._pending.append(exchange.line(status, error, now_s))
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def run(self) -> None:
+        """Writes what gathered every ``flush_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.flush_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self._pending:
+            lines, self._pending = self._pending, []
+            await asyncio.to_thread(self._write, lines)
+
+    def _write(self, lines: list[bytes]) -> None:
+        with self._lock:
+            if self._reopen:
+                self._reopen = False
+                self._swap()
+            try:
+                data = memoryview(b"".join(lines))
+                while data:  # a raw file may take part of it
+                    data = data[self._file.write(data) or 0 :]
+                self._file.flush()
+            except (OSError, ValueError) as exc:  # disk full, a closed stdout: serving goes on
+                if self.on_drop is not None:
+                    self.on_drop(len(lines))
+                log.error("access log: %d lines lost: %s", len(lines), exc)
+
+    def _swap(self) -> None:
+        try:
+            new = self._open()
+        except ConfigError as exc:
+            log.error("%s; writing on to the old file", exc)
+            return
+        old, self._file = self._file, new
+        old.close()
+
+    def reopen(self) -> None:
+        """SIGHUP: the path opened again at the next write (logrotate moved the old file
+        away); a path that no longer opens keeps the old file."""
+        if self.path != STDOUT:
+            self._reopen = True
+
+    async def close(self) -> None:
+        """The last lines written (after the drain), the file closed."""
+        await self.flush()
+        await asyncio.to_thread(self._close)
+
+    def _close(self) -> None:
+        with self._lock, contextlib.suppress(OSError):
+            if self.path != STDOUT:
+                self._file.close()

@@ -1,0 +1,168 @@
+"""`kvtide serve --access-log FILE`: one JSON line per completion request, through a real
+gateway process over real backends, driven by the official `openai` client: who asked, where
+it went and why, what was predicted cached against what the engine reported, TTFT, retries,
+refusals; the file reopened on SIGHUP (logrotate) and the last lines written on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from tests.integration.gateway.conftest import KEYS, write_keys
+from tests.integration.gateway.procs import Proc, backend, backend_stats, free_port, gateway
+
+pytestmark = [pytest.mark.timeout(120)]
+
+HISTORY = "The harbour master logs every vessel's draught, cargo and berth. " * 20
+
+
+def _lines(path: Path, n: int, timeout_s: float = 10.0) -> list[dict]:
+    """The log's lines once it has ``n`` (the writer flushes every 0.5 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = path.read_text() if path.exists() else ""
+        lines = [json.loads(line) for line in text.splitlines()]
+        if len(lines) >= n or time.monotonic() > deadline:
+            assert len(lines) == n, lines
+            return lines
+        time.sleep(0.05)
+
+
+def _client(port: int, key: str = "x") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+
+
+def test_each_request_gets_a_line_with_its_route_and_the_engines_answer(tmp_path: Path) -> None:
+    log = tmp_path / "access.jsonl"
+    keys = write_keys(tmp_path / "keys.yaml", KEYS)
+    bport, port = free_port(), free_port()
+    be = backend(bport, "m", "--token-delay", "0.002")
+    gw = gateway(
+        port, "--replica", f"http://127.0.0.1:{bport}", "--api-keys", str(keys),
+        "--access-log", str(log),
+    )  # fmt: skip
+    try:
+        c = _client(port, KEYS["alpha"])
+        c.completions.create(model="m", prompt=HISTORY + "Which berth?", max_tokens=3)
+        stream = c.completions.create(
+            model="m",
+            prompt=HISTORY + "Which berth is free?",
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        reported = [ch.usage.prompt_tokens_details.cached_tokens for ch in stream if ch.usage]
+        with pytest.raises(openai.AuthenticationError):
+            _client(port, "sk-wrong").completions.create(model="m", prompt="hi", max_tokens=2)
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="nope", prompt="hi", max_tokens=2)
+        first, second, unauthorised, unknown = _lines(log, 4)
+    finally:
+        gw.stop()
+        be.stop()
+    replica = f"127.0.0.1:{bport}"
+    for line in (first, second):
+        assert line["status"] == 200 and line["error"] is None
+        assert line["tenant"] == "alpha" and line["model"] == "m"
+        assert line["endpoint"] == "completions"
+        assert line["replica"] == replica and line["attempts"] == 1 and line["failures"] == []
+        assert line["route"] in ("cold", "affinity", "hot")
+        assert line["prompt_tokens"] > 0 and line["duration_ms"] > 0
+        assert abs(line["ts"] - time.time()) < 120
+    assert first["id"] != second["id"]
+    assert first["stream"] is False and first["ttft_ms"] is None  # its first byte is its last
+    assert first["cached_tokens"] == 0 and first["predicted_cached_tokens"] == 0
+    # the second shares the first's prompt up to the question: predicted (the gateway's own
+    # placement) and reported by the engine
+    assert second["stream"] is True
+    assert second["cached_tokens"] == reported[0] > 0
+    assert second["predicted_cached_tokens"] > 0
+    assert 0 < second["ttft_ms"] <= second["duration_ms"]
+    assert second["ts"] >= first["ts"]
+    # refused before routing: the status and OpenAI code, no tenant or replica
+    assert unauthorised["status"] == 401 and unauthorised["error"] == "invalid_api_key"
+    assert unauthorised["tenant"] is None and unauthorised["replica"] is None
+    assert unknown["status"] == 404 and unknown["error"] == "model_not_found"
+    assert unknown["tenant"] == "alpha" and unknown["replica"] is None
+
+
+def test_a_retried_request_names_the_failed_attempt_and_where_it_was_served(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "access.jsonl"
+    bad_port, good_port, port = free_port(), free_port(), free_port()
+    bad = backend(bad_port, "m", "--mode", "fail500")
+    good = backend(good_port)
+    gw = gateway(
+        port, "--replica", f"http://127.0.0.1:{bad_port}", "--replica",
+        f"http://127.0.0.1:{good_port}", "--policy", "round_robin", "--access-log", str(log),
+    )  # fmt: skip
+    try:
+        c = _client(port)
+        for i in range(6):
+            c.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2
+            )
+        lines = _lines(log, 6)
+        retried = backend_stats(bad_port)["requests"]
+    finally:
+        gw.stop()
+        bad.stop()
+        good.stop()
+    assert all(line["status"] == 200 and line["endpoint"] == "chat" for line in lines)
+    assert all(line["replica"] == f"127.0.0.1:{good_port}" for line in lines)
+    failed = [line for line in lines if line["failures"]]
+    assert len(failed) == retried > 0  # each 500 the bad one gave was retried on the good one
+    assert all(line["failures"] == ["http_500"] and line["attempts"] == 2 for line in failed)
+    assert all(line["attempts"] == 1 for line in lines if not line["failures"])
+
+
+def test_sighup_reopens_the_file_and_sigterm_writes_the_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "access.jsonl"
+    bport, port = free_port(), free_port()
+    be = backend(bport, "m")
+    gw: Proc | None = gateway(
+        port, "--replica", f"http://127.0.0.1:{bport}", "--access-log", str(log)
+    )
+    assert gw is not None
+    try:
+        c = _client(port)
+        c.completions.create(model="m", prompt="before the rotation", max_tokens=2)
+        _lines(log, 1)
+        rotated = tmp_path / "access.jsonl.1"
+        os.rename(log, rotated)  # what logrotate does, then it signals the process
+        gw.signal(signal.SIGHUP)
+        time.sleep(0.3)
+        c.completions.create(model="m", prompt="after the rotation", max_tokens=2)
+        (after,) = _lines(log, 1)
+        c.completions.create(model="m", prompt="just before the stop", max_tokens=2)
+        assert gw.stop() == 0  # SIGTERM at once: the last line is written on the way out
+        gw = None
+        (before,) = _lines(rotated, 1)
+        assert before["status"] == after["status"] == 200
+        assert [line["status"] for line in _lines(log, 2, timeout_s=0)] == [200, 200]
+    finally:
+        if gw is not None:
+            gw.stop()
+        be.stop()
+
+
+def test_a_bad_path_is_a_one_line_error_and_exit_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.integration.gateway.procs import _env
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtide", "serve", "--replica", "http://127.0.0.1:9",
+         "--port", str(free_port()), "--access-log", str(tmp_path / "no" / "such" / "dir.log")],
+        capture_output=True, text=True, env=_env(), timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "access_log" in lines[0] and "cannot open" in lines[0], lines
