@@ -5,12 +5,18 @@ The metrics answer "how many": ``kvtide_gateway_predicted_cached_tokens_total`` 
 engines' reports, decisions by reason. They cannot say which request went where, predicted how
 many cached tokens, got how many, waited how long. A line does::
 
-    {"ts": 1764892741.123, "id": "gw-17", "endpoint": "chat", "status": 200, "error": null,
+    {"ts": 1764892741.123, "id": "gw-3fa09c11d2-17", "client_request_id": null,
+     "endpoint": "chat", "status": 200, "error": null,
      "tenant": "acme", "model": "llama", "stream": true, "prompt_tokens": 2086,
      "replica": "10.0.0.7:8000", "route": "affinity", "attempts": 1, "failures": [],
      "predicted_cached_tokens": 2048, "cached_tokens": 2048, "priority": null,
      "ttft_ms": 41.2, "duration_ms": 388.0}
 
+``id`` is the gateway's (unique across gateway replicas and restarts): the engine gets it as
+``X-Request-Id``, as does the client in the answer's headers, so a line joins the engine's
+own log (vLLM uses it as its request id with ``--enable-request-id-headers``). A client's own
+``X-Request-Id`` (up to 128 printable ASCII characters) is logged beside it, never forwarded:
+it need not be unique, and an engine's request ids must be.
 ``cached_tokens`` is the engine's ``usage.prompt_tokens_details.cached_tokens`` where it sent
 one (a non-streamed answer; a stream with ``stream_options.include_usage``), else null;
 ``ttft_ms`` is the first streamed output chunk (null for a non-streamed answer, whose first
@@ -62,6 +68,8 @@ class Exchange:
     arrival_s: float
     """Arrival on the gateway's clock (what durations are measured on)."""
     request_id: str | None = None
+    client_request_id: str | None = None
+    """The client's ``X-Request-Id``, when it sent a well-formed one."""
     tenant: str | None = None
     model: str | None = None
     stream: bool | None = None
@@ -76,6 +84,16 @@ class Exchange:
     first_token_s: float | None = None
     """When the first output chunk went back, on the gateway's clock."""
 
+    @property
+    def request_id_bytes(self) -> bytes:
+        return (self.request_id or "").encode()
+
+    @property
+    def upstream_headers(self) -> bytes:
+        """The header lines the engine gets with the request (the gateway's ids are header-safe:
+        hex digits, digits and dashes)."""
+        return b"X-Request-Id: %s\r\n" % self.request_id_bytes if self.request_id else b""
+
     def line(self, status: int, error: str | int | None, now_s: float) -> bytes:
         start = self.arrival_s
         ttft = self.first_token_s
@@ -83,6 +101,7 @@ class Exchange:
             {
                 "ts": round(self.ts, 3),
                 "id": self.request_id,
+                "client_request_id": self.client_request_id,
                 "endpoint": self.endpoint,
                 "status": status,
                 "error": error,

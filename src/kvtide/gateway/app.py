@@ -145,6 +145,8 @@ class Gateway:
         self._admin_key = config.admin_key
         self._seeds: dict[tuple[str, str], int] = {}
         self._ids = itertools.count()
+        # request ids unique across gateway replicas and restarts: a random prefix per process
+        self._id_prefix = f"gw-{secrets.randbits(40):010x}-"
         # the router's families and the fleet's early warning, after kvtide_gateway_* on /metrics
         self.telemetry = GatewayTelemetry(
             self.router.health, self.index, self.clock, pace=self.router.pace
@@ -194,13 +196,20 @@ class Gateway:
 
     # --- routing ---------------------------------------------------------------------------
 
-    def route_request(self, prompt: Prompt, tenant: Tenant, max_tokens: int) -> RouteRequest:
+    def request_id(self) -> str:
+        """A new request id: the engine gets it as ``X-Request-Id`` (vLLM takes it for its own
+        with ``--enable-request-id-headers``), the client back, the access log with the line."""
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    def route_request(
+        self, prompt: Prompt, tenant: Tenant, max_tokens: int, request_id: str | None = None
+    ) -> RouteRequest:
         """What the router is told about a request (the handlers' one way to build it)."""
         return RouteRequest(
             block_hashes=prompt.hashes,
             prompt_tokens=prompt.prompt_tokens,
             block_tokens=self.config.block_tokens,
-            request_id=f"gw-{next(self._ids)}",
+            request_id=request_id or self.request_id(),
             tenant=tenant.name,
             output_tokens=max_tokens,
         )
@@ -320,11 +329,17 @@ class Gateway:
 
     # --- requests ------------------------------------------------------------------------
 
-    def exchange(self, endpoint: str) -> Exchange:
-        """A request's record, stamped at its arrival (what ``complete`` fills in and the
-        access log writes)."""
+    def exchange(self, endpoint: str, client_request_id: str | None = None) -> Exchange:
+        """A request's record, stamped at its arrival and given its id (what ``complete``
+        fills in and the access log writes)."""
         # the epoch is what the engines' queue order is stamped in
-        return Exchange(endpoint, self.epoch.now(), self.clock.now())
+        return Exchange(
+            endpoint,
+            self.epoch.now(),
+            self.clock.now(),
+            request_id=self.request_id(),
+            client_request_id=client_request_id,
+        )
 
     async def complete(
         self,
@@ -380,8 +395,7 @@ class Gateway:
         body.pop("cache_salt", None)
         if tenant.salt:
             body["cache_salt"] = tenant.salt
-        route = self.route_request(prompt, tenant, max_tokens)
-        exchange.request_id = route.request_id
+        route = self.route_request(prompt, tenant, max_tokens, exchange.request_id)
         assert self.proxy is not None, "the app's lifespan has not started"
         if self.shared is not None:
             match = await self.shared.match(prompt.hashes)

@@ -181,7 +181,9 @@ class Proxy:
         resp: Response | None = None
         try:
             try:
-                resp = await self.pool.request(b"POST", replica.url, path, payload)
+                resp = await self.pool.request(
+                    b"POST", replica.url, path, payload, headers=exchange.upstream_headers
+                )
             except TimeoutError as exc:
                 raise _Failed("timeout", exc) from exc
             except (OSError, ValueError) as exc:
@@ -191,6 +193,7 @@ class Proxy:
                 raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
             got = resp.headers
             headers = [(h, got[h]) for h in _PASSED_HEADERS if h in got]
+            headers.append((b"x-request-id", exchange.request_id_bytes))
             if not stream or resp.status != 200:
                 try:
                     body = await resp.read()

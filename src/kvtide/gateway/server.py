@@ -56,6 +56,16 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 """A route: answers through ``send``, returns the HTTP status (for the requests counter)."""
 
 
+def _client_id(scope: Scope) -> str | None:
+    """The client's ``X-Request-Id`` when it is 1-128 printable ASCII characters (it goes
+    into a JSON log line: no control characters, no unbounded size)."""
+    value = header(scope, b"x-request-id")
+    if value is None or not 0 < len(value) <= 128 or not value.isascii():
+        return None
+    text = value.decode("ascii")
+    return text if text.isprintable() else None
+
+
 def _authorization(scope: Scope) -> str | None:
     value = header(scope, b"authorization")
     return value.decode("latin-1") if value is not None else None
@@ -175,7 +185,7 @@ class GatewayApp:
         self, scope: Scope, receive: Receive, send: Send, path: str, is_chat: bool
     ) -> int:
         gateway = self.gateway
-        exchange = gateway.exchange("chat" if is_chat else "completions")
+        exchange = gateway.exchange("chat" if is_chat else "completions", _client_id(scope))
         access_log = gateway.access_log
         if access_log is None:
             return await self._answer(scope, receive, send, path, is_chat, exchange)

@@ -275,11 +275,13 @@ class UpstreamPool:
         body: bytes = b"",
         content_type: bytes = b"application/json",
         read_s: float | None = None,
+        headers: bytes = b"",
     ) -> Response:
         """Sends one request and waits for the response's head (up to ``read_s``, default the
-        pool's); ``OSError`` (``UpstreamClosed`` among them) or ``TimeoutError`` on failure."""
+        pool's); ``OSError`` (``UpstreamClosed`` among them) or ``TimeoutError`` on failure.
+        ``headers``: more header lines, each ending in CRLF."""
         key, host = self._origin(base_url)
-        head = b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (method, path.encode(), host)
+        head = b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, path.encode(), host, headers)
         if body or method == b"POST":
             head += b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type, len(body))
         data = head + b"\r\n" + body

@@ -8,7 +8,8 @@ an earlier prompt under the same ``cache_salt``. Not a fake of an engine's timin
 emulated engine (``kvtide engine``) is that. Modes (``--mode``): ok, fail500 (every
 completion is a 500), stall (never answers). ``--prefill-delay S`` holds the first token S
 seconds; ``--role-first`` sends a chat stream's role chunk with the headers, before that delay
-(vLLM sends it with the first token). /stats shows what it saw, including aborts.
+(vLLM sends it with the first token). /stats shows what it saw, including aborts and each
+request's ``X-Request-Id``.
 
     python backend.py --port 8101 --model m [--tokens 8] [--token-delay 0.01] [--mode ok]
 """
@@ -44,6 +45,7 @@ class Backend:
         self.prompts: dict[str | None, list[str]] = {}
         self.stats = {
             "requests": 0, "aborted": 0, "running": 0, "max_running": 0, "salts": [], "bodies": [],
+            "request_ids": [],
         }  # fmt: skip
 
     def cached(self, salt: str | None, text: str) -> int:
@@ -87,6 +89,7 @@ def build(b: Backend) -> web.Application:
         body = await request.json()
         b.stats["requests"] += 1
         b.stats["salts"].append(body.get("cache_salt"))
+        b.stats["request_ids"].append(request.headers.get("X-Request-Id"))
         b.stats["bodies"].append({k: v for k, v in body.items() if k not in ("messages", "prompt")})
         if b.mode == "fail500":
             return web.json_response({"error": {"message": "boom", "type": "x"}}, status=500)

@@ -91,6 +91,38 @@ def test_each_request_gets_a_line_with_its_route_and_the_engines_answer(tmp_path
     assert unknown["tenant"] == "alpha" and unknown["replica"] is None
 
 
+def test_the_request_id_joins_the_line_the_engine_and_the_client(tmp_path: Path) -> None:
+    """One id per request, unique across gateway processes: in the engine's ``X-Request-Id``,
+    the answer's header and the line. A client's own id is logged beside it, not forwarded."""
+    bport, port, port2 = free_port(), free_port(), free_port()
+    be = backend(bport, "m")
+    logs = {p: tmp_path / f"access-{p}.jsonl" for p in (port, port2)}
+    gws = [
+        gateway(p, "--replica", f"http://127.0.0.1:{bport}", "--access-log", str(logs[p]))
+        for p in (port, port2)
+    ]
+    try:
+        answered = []
+        for i, p in enumerate((port, port, port2)):
+            raw = _client(p).completions.with_raw_response.create(
+                model="m",
+                prompt=f"q{i}",
+                max_tokens=2,
+                extra_headers={"X-Request-Id": f"client-{i}"} if i else {"X-Request-Id": "x" * 200},
+            )
+            assert raw.parse().choices
+            answered.append(raw.headers["x-request-id"])
+        lines = _lines(logs[port], 2) + _lines(logs[port2], 1)
+        seen = backend_stats(bport)["request_ids"]
+    finally:
+        for gw in gws:
+            gw.stop()
+        be.stop()
+    assert [line["id"] for line in lines] == answered == seen
+    assert len(set(answered)) == 3  # two processes, yet no id twice
+    assert [line["client_request_id"] for line in lines] == [None, "client-1", "client-2"]
+
+
 def test_a_retried_request_names_the_failed_attempt_and_where_it_was_served(
     tmp_path: Path,
 ) -> None:
