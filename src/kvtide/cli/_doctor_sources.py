@@ -5,7 +5,9 @@
 - a KV event log: JSON lines, each a vLLM ``KVEventBatch`` as an array
   ``[ts, [events...], rank?]`` or ``{"seq": N, "batch": [...]}`` (``seq`` gaps are lost
   batches); decoded by ``state.kv_wire`` so its rules are the subscriber's;
-- a simulator JSON (``kvtide simulate --json``).
+- a simulator JSON (``kvtide simulate --json``);
+- a gateway's access log (``kvtide serve --access-log``): per request, the tokens the router
+  predicted cached and those the engine served from cache, by replica, route and tenant.
 
 A malformed input raises ``ConfigError`` naming the line or key.
 """
@@ -13,7 +15,8 @@ A malformed input raises ``ConfigError`` naming the line or key.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +113,21 @@ def parse_query_result(doc: object, source: str) -> list[Sample]:
         raise ConfigError(f"{source}: not a successful instant-vector query result") from exc
 
 
+def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """Each non-blank line's place (``path:N``, for errors) and its JSON value."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path}:{n}", json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not JSON: {exc.msg}") from exc
+
+
 def from_event_log(path: Path) -> Observed:
     """Blocks stored, removed and stored again; duplicates while live; seq gaps."""
     o = Observed(str(path))
@@ -120,18 +138,7 @@ def from_event_log(path: Path) -> Observed:
     block_tokens = 0
     last_seq: int | None = None
     lost = 0
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: not JSON: {exc.msg}") from exc
+    for where, row in _json_lines(path):
         if isinstance(row, dict):
             seq, row = row.get("seq"), row.get("batch")
             if seq is not None:
@@ -214,3 +221,113 @@ def from_simulation(path: Path) -> tuple[Observed, dict[str, Any]]:
     o.routing_hit_ratios = ratios
     o.notes.append("a simulator JSON has no miss causes: the limits come from the replay")
     return o, workload
+
+
+_LOG_FIELDS: dict[str, tuple[type, ...]] = {
+    "status": (int,),
+    "prompt_tokens": (int, type(None)),
+    "predicted_cached_tokens": (int, type(None)),
+    "cached_tokens": (int, type(None)),
+    "replica": (str, type(None)),
+    "route": (str, type(None)),
+    "tenant": (str, type(None)),
+    "ttft_ms": (int, float, type(None)),
+    "failures": (list,),
+}
+
+
+@dataclass(slots=True)
+class _Tally:
+    requests: int = 0
+    prompt: int = 0
+    cached: int = 0
+
+    def add(self, prompt: int, cached: int) -> None:
+        self.requests += 1
+        self.prompt += prompt
+        self.cached += cached
+
+    def line(self, name: str, total_requests: int) -> str:
+        ratio = f"{self.cached / self.prompt:.1%}" if self.prompt else "n/a"
+        return f"{name} {self.requests / max(total_requests, 1):.0%} of requests, {ratio} cached"
+
+
+def from_access_log(path: Path) -> Observed:
+    """Served requests with the engine's ``cached_tokens`` are the hit ratio; each one's
+    shortfall against the router's prediction, the predicted hits not served; notes per
+    replica (requests and hits: a skew), route and tenant, retries, errors, TTFT."""
+    o = Observed(str(path), miss_causes=False)
+    replicas: dict[str, _Tally] = {}
+    routes: dict[str, _Tally] = {}
+    tenants: dict[str, _Tally] = {}
+    statuses: dict[int, int] = {}
+    failures: dict[str, int] = {}
+    ttfts: list[float] = []
+    total = unreported = retried = 0
+    predicted_sum = unpredicted = 0
+    for where, row in _json_lines(path):
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: not an access log line (a JSON object)")
+        for key, kinds in _LOG_FIELDS.items():
+            value = row.get(key)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise ConfigError(f"{where}: {key}: expected {kinds[0].__name__}, got {value!r}")
+        total += 1
+        status = row["status"]
+        statuses[status] = statuses.get(status, 0) + 1
+        for kind in row["failures"]:
+            failures[str(kind)] = failures.get(str(kind), 0) + 1
+        retried += bool(row["failures"])
+        if status != 200 or row["prompt_tokens"] is None:
+            continue
+        if row["cached_tokens"] is None:
+            unreported += 1
+            continue
+        prompt, cached = row["prompt_tokens"], row["cached_tokens"]
+        predicted = row["predicted_cached_tokens"] or 0
+        o.prompt_tokens += prompt
+        o.hit_tokens += cached
+        o.unserved_predicted_tokens += max(predicted - cached, 0)
+        predicted_sum += predicted
+        unpredicted += max(cached - predicted, 0)
+        replicas.setdefault(row["replica"] or "?", _Tally()).add(prompt, cached)
+        routes.setdefault(row["route"] or "?", _Tally()).add(prompt, cached)
+        tenants.setdefault(row["tenant"] or "?", _Tally()).add(prompt, cached)
+        if row["ttft_ms"] is not None:
+            ttfts.append(float(row["ttft_ms"]))
+    if total == 0:
+        raise ConfigError(f"{path}: no access log lines in it")
+    o.instances = max(len(replicas), 1)
+    served = sum(t.requests for t in replicas.values())
+    o.notes.append(
+        f"{total:,} requests: "
+        + ", ".join(f"{count:,} x {status}" for status, count in sorted(statuses.items()))
+        + (f"; {retried:,} retried ({_counts(failures)})" if retried else "")
+    )
+    if o.prompt_tokens:
+        o.notes.append(
+            f"the router predicted {predicted_sum:,} cached tokens, the engines served "
+            f"{predicted_sum - o.unserved_predicted_tokens:,.0f} of them, and "
+            f"{unpredicted:,} it had not predicted"
+        )
+    if unreported:
+        o.notes.append(
+            f"{unreported:,} answered requests without the engine's cached_tokens are left out "
+            "of the ratios (vLLM reports them with --enable-prompt-tokens-details; a stream "
+            "only with stream_options.include_usage)"
+        )
+    for title, tallies in (("replicas", replicas), ("routes", routes), ("tenants", tenants)):
+        if tallies:
+            ordered = sorted(tallies.items(), key=lambda kv: -kv[1].requests)[:8]
+            o.notes.append(f"{title}: " + "; ".join(t.line(k, served) for k, t in ordered))
+    if ttfts:
+        ttfts.sort()
+        p50, p99 = ttfts[len(ttfts) // 2], ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+        o.notes.append(
+            f"TTFT of {len(ttfts):,} streamed answers: p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"
+        )
+    return o
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))

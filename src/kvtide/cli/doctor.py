@@ -38,11 +38,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "what to change",
         description=(
             "Reads a Prometheus server (its HTTP API), a scrape file (text exposition), a KV "
-            "event log (JSON lines of vLLM KVEventBatch arrays) or a simulator JSON (as kvtide "
-            "simulate writes it) and prints what the hit ratio could be (infinite cache; "
-            "Belady's optimum at this size when the workload is known), what limits it "
-            "(capacity, routing spread, tenant quota, fragmentation, event loss) and what to "
-            "change (the pool size that reaches --target of the infinite cache)."
+            "event log (JSON lines of vLLM KVEventBatch arrays), a simulator JSON (as kvtide "
+            "simulate writes it) or a gateway's access log (kvtide serve --access-log) and "
+            "prints what the hit ratio could be (infinite cache; Belady's optimum at this size "
+            "when the workload is known), what limits it (capacity, routing spread, tenant "
+            "quota, fragmentation, event loss, predicted hits not served) and what to change "
+            "(the pool size that reaches --target of the infinite cache)."
         ),
     )
     src = parser.add_mutually_exclusive_group(required=True)
@@ -54,6 +55,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     src.add_argument(
         "--simulation", type=Path, metavar="FILE", help="a JSON file kvtide simulate wrote"
     )
+    src.add_argument(
+        "--access-log",
+        type=Path,
+        metavar="FILE",
+        help="a kvtide serve --access-log file (JSON lines): hits per replica, route and "
+        "tenant, predicted hits the engines did not serve, retries, errors, TTFT",
+    )
     parser.add_argument(
         "--workload",
         metavar="SPEC",
@@ -61,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--requests", type=flag(integer, minimum=1), metavar="N", help="first N")
     parser.add_argument("--policy", default="tide", metavar="P", help="eviction policy (tide)")
+    parser.add_argument(
+        "--capacity-tokens",
+        type=flag(integer, minimum=1),
+        metavar="N",
+        help="the fleet's device KV in tokens, all replicas together, where the source does "
+        "not say it (an access log); the replay's capacity",
+    )
     parser.add_argument(
         "--target",
         type=flag(real, minimum=0.01, maximum=1.0),
@@ -87,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.events is not None:
         observed = sources.from_event_log(args.events)
+    elif args.access_log is not None:
+        observed = sources.from_access_log(args.access_log)
     else:
         observed, wl = sources.from_simulation(args.simulation)
         setup = wl["setup"]
@@ -95,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
         limit = limit or wl.get("limit")
     bounds = None
     if workload is not None:
-        bounds = _bounds(observed, workload, limit, args.policy, args.target, setup)
+        bounds = _bounds(
+            observed, workload, limit, args.policy, args.target, setup, args.capacity_tokens
+        )
     for line in diagnose(observed, bounds).lines():
         print(line)
     return 0
@@ -122,17 +141,25 @@ def _bounds(
     policy: str,
     target: float,
     setup: dict[str, Any] | None,
+    capacity_tokens: int | None = None,
 ) -> Bounds:
     data = prepare(workload, block_tokens=None, limit=limit, seed=0, tenant_salt=False)
     bt = data.block_tokens
     total = int(data.prompt_tokens.sum())
     oracle = Oracle(data.all_hashes())
     infinite = oracle.infinite_hit_blocks * bt / total
+    if capacity_tokens is not None:
+        o.capacity_blocks = float(max(1, capacity_tokens // bt))
+    elif not o.capacity_blocks:
+        o.notes.append(
+            "the source does not say the fleet's KV size: the replay guessed a tenth of the "
+            "workload's footprint (give --capacity-tokens)"
+        )
     capacity_blocks = int(o.capacity_blocks) or max(1, len(data.raw) // 8 // 10)
     capacity = capacity_blocks * bt
     optimum = oracle.run(capacity_blocks).hit_blocks * bt / total
     now = replay_one(data, policy, capacity)
-    if not o.miss_tokens:  # a source without miss causes: take the replay's
+    if not o.miss_tokens or not o.miss_causes:  # a source without miss causes: the replay's
         o.miss_tokens = {
             "cold": now["miss_tokens"]["cold"],
             "evicted": now["miss_tokens"]["evicted"],
@@ -142,6 +169,7 @@ def _bounds(
         o.evicted_blocks = o.evicted_blocks or now["evictions"]
         scale = o.prompt_tokens / total if o.prompt_tokens else 1.0
         o.miss_tokens = {k: v * scale for k, v in o.miss_tokens.items()}
+        o.miss_causes = True
         o.notes.append(f"miss causes from replaying {workload} at {capacity:,} tokens")
     found = _smallest(data, policy, capacity, target * infinite)
     simulated = None

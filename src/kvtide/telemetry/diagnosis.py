@@ -13,7 +13,9 @@ unfilled tail is never cached), so the infinite-cache ratio is 1 minus those sha
 ``recomputed`` misses are a lower tier too slow to reload from. A gateway beside the engines
 adds the evicted misses it had predicted as hits, whose prefix the engine evicted while the
 request waited in its queue (``routing.watch``): capacity lost to queueing, which a shorter
-queue recovers as well as a larger pool.
+queue recovers as well as a larger pool. A gateway's access log has, per request, the tokens
+predicted cached and those the engine served from cache, not the causes: what was predicted
+and not served is its limit, and the ceiling needs the workload replayed.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class Observed:
     """What the source could not say, or said besides the counters."""
     routing_hit_ratios: dict[str, float] = field(default_factory=dict)
     """Hit ratio per router, when a simulator JSON compares several."""
+    miss_causes: bool = True
+    """False for a source that cannot tell a cold miss from an evicted one (a gateway's
+    access log) until a replay of the workload fills ``miss_tokens``."""
+    unserved_predicted_tokens: float = 0.0
+    """Tokens the router predicted cached that the engines computed, request by request (an
+    access log): evicted while the request queued, or an index behind the engines' events."""
 
     @property
     def hit_ratio(self) -> float:
@@ -107,10 +115,16 @@ class Diagnosis:
                 else ""
             )
         )
-        out.append(
-            f"could be: {_pct(self.infinite_hit_ratio)} with an infinite cache "
-            "(only cold and partial-block misses left)"
-        )
+        if o.miss_causes:
+            out.append(
+                f"could be: {_pct(self.infinite_hit_ratio)} with an infinite cache "
+                "(only cold and partial-block misses left)"
+            )
+        else:
+            out.append(
+                "could be: not known from this source (no miss causes); --workload replays "
+                "the workload for them"
+            )
         b = self.bounds
         if b is not None:
             out.append(
@@ -119,7 +133,12 @@ class Diagnosis:
                 f"{_pct(b.policy_hit_ratio)}; infinite cache on the workload: "
                 f"{_pct(b.infinite_hit_ratio)}"
             )
-        if not self.limits:
+        if not self.limits and not o.miss_causes:
+            out.append(
+                "limits: none measurable from this source (the router's predicted hits were "
+                "served); --workload replays the miss causes"
+            )
+        elif not self.limits:
             out.append("limits: none measurable; the cache is at its ceiling")
         for i, lim in enumerate(self.limits, 1):
             out.append(f"limit {i}: {lim.name} ({_pct(lim.share)} of prompt tokens): {lim.why}")
@@ -177,6 +196,21 @@ def diagnose(o: Observed, bounds: Bounds | None = None) -> Diagnosis:
                 change += "; or shorter engine queues"
             limits.append(
                 Limit("capacity", miss["evicted"], miss["evicted"] / p, why, change, detail)
+            )
+        elif o.unserved_predicted_tokens > 0:  # an access log: per request, no causes
+            unserved = o.unserved_predicted_tokens
+            limits.append(
+                Limit(
+                    "predicted hits not served",
+                    unserved,
+                    unserved / p,
+                    f"{unserved:,.0f} tokens the router predicted cached were computed by the "
+                    "engines: evicted while their requests queued, or an index behind the "
+                    "engines' KV events",
+                    "engines that admit by the router's deadlines (cost:deadline_k=3 with "
+                    "priority scheduling) keep a queued request's prefix; a lag or lost "
+                    "batches in kvtide_router_* mean the index, not the engines",
+                )
             )
         elif queued > 0:  # the router's view alone (no engine cache counters)
             limits.append(

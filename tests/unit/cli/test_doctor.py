@@ -1,16 +1,22 @@
 """`kvtide doctor` on each source, built from real parts: a PrometheusRecorder's exposition of
-a cache driven through known misses, a KV event log in vLLM's wire shape, a simulator JSON."""
+a cache driven through known misses, a KV event log in vLLM's wire shape, a simulator JSON, a
+gateway's access log written by its own ``AccessLog``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from kvtide.cli import _doctor_sources as sources
 from kvtide.cli import main
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
+from kvtide.gateway.access_log import AccessLog, Exchange
 from kvtide.gateway.telemetry import GatewayTelemetry
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.index import GlobalPrefixIndex
@@ -117,6 +123,8 @@ def test_doctor_on_a_simulation_sizes_the_pool(
         (["doctor", "--simulation", "BAD"], "BAD"),
         (["doctor", "--scrape", "BAD"], "BAD"),
         (["doctor", "--scrape", "EMPTY"], "no kvtide_* metrics"),
+        (["doctor", "--access-log", "BAD"], "BAD"),
+        (["doctor", "--access-log", "EMPTY"], "EMPTY"),
     ],
 )
 def test_doctor_bad_input_is_one_line_exit_2(
@@ -127,7 +135,100 @@ def test_doctor_bad_input_is_one_line_exit_2(
     empty = tmp_path / "empty.txt"
     empty.write_text("# HELP up x\n# TYPE up gauge\nup 1\n")
     argv = [str(bad) if a == "BAD" else str(empty) if a == "EMPTY" else a for a in argv]
-    named = str(bad) if named == "BAD" else named
+    named = str(bad) if named == "BAD" else str(empty) if named == "EMPTY" else named
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0], err
+
+
+# (status, replica, route, prompt, predicted cached, reported cached or None, ttft ms or None)
+Row = tuple[int, str, str, int, int, int | None, float | None]
+
+
+def _access_log(path: Path, rows: list[Row]) -> Path:
+    """The lines the gateway's own writer makes of these requests."""
+
+    async def write() -> None:
+        log = AccessLog(str(path))
+        for i, (status, replica, route, prompt, predicted, cached, ttft) in enumerate(rows):
+            ex = Exchange("chat", 1_764_892_741.0 + i, 10.0 * i, request_id=f"gw-{i}")
+            ex.tenant, ex.model, ex.stream = "acme", "m", ttft is not None
+            if status == 200:
+                ex.prompt_tokens, ex.replica, ex.route = prompt, replica, route
+                ex.predicted_cached_tokens, ex.cached_tokens, ex.attempts = predicted, cached, 1
+                if ttft is not None:
+                    ex.first_token_s = 10.0 * i + ttft / 1e3
+            if route == "retried":
+                ex.failures.append("connect")
+            log.record(ex, status, None if status == 200 else "rate_limit_exceeded", 10.0 * i + 1)
+        await log.close()
+
+    asyncio.run(write())
+    return path
+
+
+def test_doctor_on_an_access_log_names_the_predicted_hits_the_engines_did_not_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows: list[Row] = [
+        (200, "a:1", "affinity", 1000, 800, 800, 40.0),  # served as predicted
+        (200, "a:1", "affinity", 1000, 800, 200, 90.0),  # 600 predicted, not served
+        (200, "b:1", "cold", 1000, 0, 0, 120.0),
+        (200, "b:1", "hot", 1000, 0, 400, None),  # a hit nobody predicted: no shortfall
+        (200, "b:1", "affinity", 500, 500, None, 30.0),  # no usage reported: left out
+        (429, "", "", 0, 0, None, None),
+    ]
+    path = _access_log(tmp_path / "access.jsonl", rows)
+    assert main(["doctor", "--access-log", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "hit ratio now: 35.0% of 4,000 prompt tokens" in out  # (800+200+0+400) / 4000
+    assert "could be: not known from this source" in out
+    assert "limit 1: predicted hits not served (15.0% of prompt tokens): 600 tokens" in out
+    assert "6 requests: 5 x 200, 1 x 429" in out
+    assert "1 answered requests without the engine's cached_tokens" in out
+    assert "replicas: a:1 50% of requests, 50.0% cached; b:1 50% of requests, 20.0% cached" in out
+    assert "TTFT of 3 streamed answers: p50 90 ms, p99 120 ms" in out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([200, 200, 200, 503]),
+            st.sampled_from(["a:1", "b:1", "c:1"]),
+            st.sampled_from(["affinity", "hot", "cold", "retried"]),
+            st.integers(1, 4096),
+            st.integers(0, 4096),
+            st.one_of(st.none(), st.integers(0, 4096)),
+            st.one_of(st.none(), st.floats(0.1, 5000.0)),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_an_access_logs_totals_are_the_sums_of_its_lines(rows: list[Row]) -> None:
+    """Differential: the source against a plain sum over the requests it was made from."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        o = sources.from_access_log(_access_log(Path(tmp) / "a.jsonl", rows))
+    served = [r for r in rows if r[0] == 200 and r[5] is not None]
+    assert o.prompt_tokens == sum(r[3] for r in served)
+    assert o.hit_tokens == sum(r[5] or 0 for r in served)
+    assert o.unserved_predicted_tokens == sum(max(r[4] - (r[5] or 0), 0) for r in served)
+    assert o.instances == max(len({r[1] for r in served}), 1)
+    assert not o.miss_causes
+
+
+def test_an_access_log_with_its_workload_replays_at_the_capacity_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows: list[Row] = [(200, "a:1", "affinity", 1000, 0, 500, 10.0)] * 4
+    path = str(_access_log(tmp_path / "access.jsonl", rows))
+    argv = ["doctor", "--access-log", path, "--workload", "builtin:chat", "--requests", "50"]
+    assert main([*argv, "--capacity-tokens", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "device pool 2,048 blocks" in out and "optimum at this size (32,768 tokens" in out
+    assert "could be: " in out and "not known" not in out  # the replay's miss causes
+    assert main(argv) == 0
+    assert "the replay guessed a tenth of the workload's footprint" in capsys.readouterr().out
