@@ -226,6 +226,8 @@ def from_simulation(path: Path) -> tuple[Observed, dict[str, Any]]:
 _LOG_FIELDS: dict[str, tuple[type, ...]] = {
     "status": (int,),
     "prompt_tokens": (int, type(None)),
+    "tokenized": (bool, type(None)),
+    "engine_prompt_tokens": (int, type(None)),
     "predicted_cached_tokens": (int, type(None)),
     "cached_tokens": (int, type(None)),
     "replica": (str, type(None)),
@@ -270,7 +272,7 @@ def from_access_log(path: Path) -> Observed:
             raise ConfigError(f"{where}: not an access log line (a JSON object)")
         for key, kinds in _LOG_FIELDS.items():
             value = row.get(key)
-            if isinstance(value, bool) or not isinstance(value, kinds):
+            if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
                 raise ConfigError(f"{where}: {key}: expected {kinds[0].__name__}, got {value!r}")
         total += 1
         status = row["status"]
@@ -284,6 +286,12 @@ def from_access_log(path: Path) -> Observed:
             unreported += 1
             continue
         prompt, cached = row["prompt_tokens"], row["cached_tokens"]
+        engine_prompt = row.get("engine_prompt_tokens")
+        if row.get("tokenized") and engine_prompt is not None:
+            o.identity_checked += 1
+            if engine_prompt != prompt:
+                o.identity_mismatches += 1
+                o.identity_mismatched_tokens += engine_prompt
         predicted = row["predicted_cached_tokens"] or 0
         o.prompt_tokens += prompt
         o.hit_tokens += cached

@@ -8,6 +8,7 @@ many cached tokens, got how many, waited how long. A line does::
     {"ts": 1764892741.123, "id": "gw-3fa09c11d2-17", "client_request_id": null,
      "endpoint": "chat", "status": 200, "error": null,
      "tenant": "acme", "model": "llama", "stream": true, "prompt_tokens": 2086,
+     "tokenized": true, "engine_prompt_tokens": 2086, "completion_tokens": 120,
      "replica": "10.0.0.7:8000", "route": "affinity", "attempts": 1, "failures": [],
      "predicted_cached_tokens": 2048, "cached_tokens": 2048, "priority": null,
      "ttft_ms": 41.2, "duration_ms": 388.0}
@@ -17,6 +18,11 @@ many cached tokens, got how many, waited how long. A line does::
 own log (vLLM uses it as its request id with ``--enable-request-id-headers``). A client's own
 ``X-Request-Id`` (up to 128 printable ASCII characters) is logged beside it, never forwarded:
 it need not be unique, and an engine's request ids must be.
+``prompt_tokens`` is the gateway's count (its tokenizer's where ``tokenized``, else text mode's
+estimate of 4 bytes a token), ``engine_prompt_tokens`` and ``completion_tokens`` the engine's
+``usage`` where it sent one: a tokenized count that differs from the engine's means the
+gateway renders or tokenizes prompts otherwise than the engine, so it hashes other blocks than
+the engine caches and its index cannot match them (``kvtide doctor --access-log`` counts them).
 ``cached_tokens`` is the engine's ``usage.prompt_tokens_details.cached_tokens`` where it sent
 one (a non-streamed answer; a stream with ``stream_options.include_usage``), else null;
 ``ttft_ms`` is the first streamed output chunk (null for a non-streamed answer, whose first
@@ -74,6 +80,11 @@ class Exchange:
     model: str | None = None
     stream: bool | None = None
     prompt_tokens: int | None = None
+    tokenized: bool | None = None
+    """Whether ``prompt_tokens`` is the gateway's tokenizer's count (else text mode's
+    estimate)."""
+    engine_prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     replica: str | None = None
     route: str | None = None
     predicted_cached_tokens: int | None = None
@@ -109,6 +120,9 @@ class Exchange:
                 "model": self.model,
                 "stream": self.stream,
                 "prompt_tokens": self.prompt_tokens,
+                "tokenized": self.tokenized,
+                "engine_prompt_tokens": self.engine_prompt_tokens,
+                "completion_tokens": self.completion_tokens,
                 "replica": self.replica,
                 "route": self.route,
                 "attempts": self.attempts,

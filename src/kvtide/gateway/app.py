@@ -371,6 +371,7 @@ class Gateway:
         seed = self.seed(model, tenant.salt)
         prompt = self.prompts.chat(body, seed) if is_chat else self.prompts.completion(body, seed)
         exchange.prompt_tokens = prompt.prompt_tokens
+        exchange.tokenized = self.prompts.is_exact
         self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
         try:
             return await self._forward(

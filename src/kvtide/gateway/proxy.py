@@ -34,6 +34,8 @@ from kvtide.types import ReplicaId
 log = logging.getLogger(__name__)
 
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 # vLLM's 400 for a priority under FCFS ("Got priority 5 but Priority scheduling is not
 # enabled."); kvtide engine's says the same
 _PRIORITY_OFF = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
@@ -204,6 +206,7 @@ class Proxy:
                 # the whole answer: its first token came earlier, when is not known
                 cached = _cached_tokens(body)
                 exchange.cached_tokens = cached
+                _usage(exchange, body)
                 self.router.prefill_done(route, decision, cached, on_time=False)
                 booking.prefilled = True
                 replica.succeeded()
@@ -247,7 +250,8 @@ class Proxy:
                     booking.prefilled = True
                     exchange.first_token_s = self.now_s()
                 await send_chunk(send, chunk)
-                if b"cached_tokens" in chunk:
+                if b'"completion_tokens"' in chunk:  # a usage object: the last chunk
+                    _usage(exchange, chunk)
                     cached = _cached_tokens(chunk)
                     if cached is not None:
                         exchange.cached_tokens = cached
@@ -312,3 +316,14 @@ def _no_output(chunk: bytes) -> bool:
 def _cached_tokens(body: bytes) -> int | None:
     m = _CACHED.search(body)
     return int(m.group(1)) if m else None
+
+
+def _usage(exchange: Exchange, data: bytes) -> None:
+    """The engine's own counts, where ``data`` has a ``usage`` object, into the access log's
+    record: its ``prompt_tokens`` beside the gateway's tell whether the two tokenize alike."""
+    m = _PROMPT_TOKENS.search(data)
+    if m is not None:
+        exchange.engine_prompt_tokens = int(m.group(1))
+    m = _COMPLETION_TOKENS.search(data)
+    if m is not None:
+        exchange.completion_tokens = int(m.group(1))

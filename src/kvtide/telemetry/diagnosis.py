@@ -51,6 +51,11 @@ class Observed:
     miss_causes: bool = True
     """False for a source that cannot tell a cold miss from an evicted one (a gateway's
     access log) until a replay of the workload fills ``miss_tokens``."""
+    identity_checked: int = 0
+    """Requests whose prompt the gateway tokenized and the engine counted too (an access
+    log), and of them those the two counted differently, with the engine's prompt tokens."""
+    identity_mismatches: int = 0
+    identity_mismatched_tokens: float = 0.0
     unserved_predicted_tokens: float = 0.0
     """Tokens the router predicted cached that the engines computed, request by request (an
     access log): evicted while the request queued, or an index behind the engines' events."""
@@ -280,6 +285,20 @@ def diagnose(o: Observed, bounds: Bounds | None = None) -> Diagnosis:
                     "prefix-aware routing (kvtide simulate compares routers)",
                 )
             )
+    if o.identity_mismatches > 0:
+        lost = o.identity_mismatched_tokens
+        limits.append(
+            Limit(
+                "prefix identity",
+                lost,
+                lost / p if p else 0.0,
+                f"{o.identity_mismatches:,} of {o.identity_checked:,} requests were counted "
+                "other prompt tokens by the engine than by the gateway's tokenizer: the gateway "
+                "hashes other blocks than the engine caches, so its index cannot match them",
+                "give kvtide serve --tokenizer the engine's own files (tokenizer.json and the "
+                "tokenizer_config.json with its chat template)",
+            )
+        )
     if o.events_lost > 0:
         limits.append(
             Limit(

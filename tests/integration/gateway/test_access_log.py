@@ -13,8 +13,16 @@ from pathlib import Path
 
 import openai
 import pytest
+from engine_process import Engine
 from tests.integration.gateway.conftest import KEYS, write_keys
-from tests.integration.gateway.procs import Proc, backend, backend_stats, free_port, gateway
+from tests.integration.gateway.procs import (
+    Proc,
+    backend,
+    backend_stats,
+    emulated_engines,
+    free_port,
+    gateway,
+)
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -76,6 +84,9 @@ def test_each_request_gets_a_line_with_its_route_and_the_engines_answer(tmp_path
         assert abs(line["ts"] - time.time()) < 120
     assert first["id"] != second["id"]
     assert first["stream"] is False and first["ttft_ms"] is None  # its first byte is its last
+    # text mode: an estimate, not compared with the engine's count; the engine's usage kept
+    assert first["tokenized"] is False and first["engine_prompt_tokens"] > 0
+    assert first["completion_tokens"] == second["completion_tokens"] == 3
     assert first["cached_tokens"] == 0 and first["predicted_cached_tokens"] == 0
     # the second shares the first's prompt up to the question: predicted (the gateway's own
     # placement) and reported by the engine
@@ -198,3 +209,43 @@ def test_a_bad_path_is_a_one_line_error_and_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "access_log" in lines[0] and "cannot open" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_the_gateway_counts_the_prompt_tokens_the_engine_counts(tmp_path: Path) -> None:
+    """Token mode in front of a real `kvtide engine`: per request, the gateway's tokenizer
+    count equals the engine's ``usage.prompt_tokens``, chat (template rendered) and
+    completions alike, so the blocks it hashes are the engine's; and its predicted hits
+    are the engine's reported ones."""
+    log = tmp_path / "access.jsonl"
+    engines: list[Engine] = []
+    gw: Proc | None = None
+    try:
+        engines += emulated_engines(1)
+        e = engines[0]
+        port = free_port()
+        gw = gateway(
+            port, "--replica", f"{e.url}=emu,events={e.events},replay={e.replay}",
+            "--tokenizer", "smollm2", "--access-log", str(log),
+        )  # fmt: skip
+        c = _client(port)
+        system = {"role": "system", "content": HISTORY}
+        for i in range(3):
+            question = {"role": "user", "content": f"Which berth is free at {i} o'clock?"}
+            c.chat.completions.create(model="emu", messages=[system, question], max_tokens=2)
+            time.sleep(0.3)  # the engine's KV events in before the next turn routes
+        c.completions.create(model="emu", prompt=HISTORY + "  Indented.\n\n", max_tokens=2)
+        lines = _lines(log, 4)
+    finally:
+        if gw is not None:
+            gw.stop()
+        for engine in engines:
+            engine.stop()
+    for line in lines:
+        assert line["status"] == 200 and line["tokenized"] is True
+        assert line["engine_prompt_tokens"] == line["prompt_tokens"] > 0, line
+    assert [line["endpoint"] for line in lines] == ["chat"] * 3 + ["completions"]
+    assert all(line["cached_tokens"] > 0 for line in lines[1:3])
+    assert [line["predicted_cached_tokens"] for line in lines[1:3]] == [
+        line["cached_tokens"] for line in lines[1:3]
+    ]

@@ -232,3 +232,25 @@ def test_an_access_log_with_its_workload_replays_at_the_capacity_given(
     assert "could be: " in out and "not known" not in out  # the replay's miss causes
     assert main(argv) == 0
     assert "the replay guessed a tenth of the workload's footprint" in capsys.readouterr().out
+
+
+def test_an_access_log_names_a_gateway_that_tokenizes_otherwise_than_the_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Requests the gateway tokenized (its count) that the engine counted differently: its
+    hashes cannot match the engine's blocks. Text mode's estimates are not compared."""
+
+    async def write(path: Path) -> None:
+        log = AccessLog(str(path))
+        for i, (tokenized, engine) in enumerate([(True, 1000), (True, 1003), (False, 990)]):
+            ex = Exchange("chat", 1_764_892_741.0 + i, float(i), request_id=f"gw-{i}")
+            ex.prompt_tokens, ex.tokenized, ex.engine_prompt_tokens = 1000, tokenized, engine
+            ex.replica, ex.route, ex.predicted_cached_tokens, ex.cached_tokens = "a:1", "hot", 0, 0
+            log.record(ex, 200, None, i + 0.5)
+        await log.close()
+
+    path = tmp_path / "access.jsonl"
+    asyncio.run(write(path))
+    assert main(["doctor", "--access-log", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "limit 1: prefix identity (33.4% of prompt tokens): 1 of 2 requests" in out
