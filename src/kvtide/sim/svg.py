@@ -103,16 +103,17 @@ def line_chart(
     y_percent: bool = False,
     x_format: Callable[[float], str] = fmt_number,
     legend_note: Sequence[str] = (),
+    empty: str = "no data",
 ) -> str:
     """An SVG line chart with a legend on the right (``legend_note``: lines of grey text under
     its entries). ``y_min=None`` fits the y range to the data (with a margin) so that small
-    differences between lines show."""
+    differences between lines show. ``empty``: what to say instead when no point is finite."""
     xs = [x for line in lines for x in line.xs if not log_x or x > 0]
     # The y range follows the lines that are not faint: a faint raw series is clipped to it.
     ranged = [line for line in lines if not line.faint] or lines
     ys = [y for line in ranged for y in line.ys if not math.isnan(y)]
     if not xs or not ys:
-        return "<p><em>no data</em></p>"
+        return f"<p><em>{escape(empty)}</em></p>"
     fx: Callable[[float], float] = math.log10 if log_x else (lambda v: v)
     x0 = fx(min(xs) if x_min is None else x_min)
     x1 = fx(max(xs) if x_max is None else x_max)

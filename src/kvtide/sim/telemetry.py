@@ -73,6 +73,8 @@ class TelemetryResult:
     """Prompt tokens that arrive while a cached block stays (the detector's residence signal;
     its baseline: ``residence_slow``); NaN where nothing was evicted (unbounded)."""
     residence_slow: list[float] = field(default_factory=list)
+    fast_window_s: float = 150.0
+    """The detector's fast window: its signals are NaN until a run has lasted that long."""
 
     def first_alert_s(self, name: str) -> float | None:
         return next((a.time_s for a in self.alerts if a.name == name), None)
@@ -222,6 +224,7 @@ class FleetTelemetry:
             samples=list(self._samples),
             residence_fast=[_finite(g.residence_fast) for g in per_tick],
             residence_slow=[_finite(g.residence_slow) for g in per_tick],
+            fast_window_s=self.config.fast_s,
         )
 
     def _rolling_ttft_p99(self, times: Sequence[float]) -> list[float]:

@@ -47,6 +47,20 @@ def test_a_prefill_only_report_shows_a_dash_for_tpot(tmp_path: Path) -> None:
     assert "<td>—</td>" in summary and "nan" not in summary.lower()
 
 
+def test_a_run_shorter_than_the_early_warnings_window_says_why_it_has_no_signal(
+    tmp_path: Path,
+) -> None:
+    html = report(tmp_path, "r", "--router", "cost")
+    section = html[html.index("Cache telemetry and early warning") :]
+    says = re.findall(
+        r"no data: the signal needs (\d+) s of simulated time .*? spans (\d+) s", section
+    )
+    assert len(says) == 2, section[:2000]  # regret and residence
+    need, span = map(int, says[0])
+    assert need == 150 and span < need
+    assert "<p><em>no data</em></p>" not in section
+
+
 def test_overlapping_series_are_smoothed_and_the_legend_says_so(tmp_path: Path) -> None:
     html = report(tmp_path, "r", "--router", "round_robin,least_load")
     assert html.count("lines: mean of") == 2  # hit ratio and eviction velocity
