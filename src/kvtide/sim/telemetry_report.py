@@ -34,10 +34,13 @@ def render_telemetry(results: Sequence[RunResult]) -> str:
     xs = [x - t0 for x in first.times_s]
     span = max((t.times_s[-1] - t0 for _, t in runs if t.times_s), default=0.0)
     # the early warning compares its fast window with a baseline: a shorter run has no signal
-    too_short = (
-        f"no data: the signal needs {first.fast_window_s:.0f} s of simulated time (the early "
-        f"warning's fast window) and this run's telemetry spans {span:.0f} s"
-    )
+    # (a longer one can still have none: residence is unbounded while nothing is evicted)
+    no_signal = "no data"
+    if span < first.fast_window_s:
+        no_signal = (
+            f"no data: the signal needs {first.fast_window_s:.0f} s of simulated time (the "
+            f"early warning's fast window) and this run's telemetry spans {span:.0f} s"
+        )
     parts = [
         "<h2>Cache telemetry and early warning</h2>",
         "<p class='note'>The signals of kvtide's Grafana dashboard (dashboards/kvtide.json), "
@@ -49,7 +52,7 @@ def render_telemetry(results: Sequence[RunResult]) -> str:
             x_label="simulated time (s)",
             y_label="regret ratio, fast window (baseline dashed)",
             y_percent=True,
-            empty=too_short,
+            empty=no_signal,
         ),
         "<h3>Residence: prompt tokens that arrive while a cached block stays (its drop is "
         "the early warning's second signal)</h3>",
@@ -57,7 +60,7 @@ def render_telemetry(results: Sequence[RunResult]) -> str:
             lines("residence_fast", "residence_slow"),
             x_label="simulated time (s)",
             y_label="prompt tokens, fast window (baseline dashed)",
-            empty=too_short,
+            empty=no_signal,
         ),
         f"<h3>Missed tokens by cause ({escape(first_router)})</h3>",
         line_chart(
