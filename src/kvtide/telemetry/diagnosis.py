@@ -199,6 +199,12 @@ def diagnose(o: Observed, bounds: Bounds | None = None) -> Diagnosis:
                     "while queued at an engine"
                 )
                 change += "; or shorter engine queues"
+            elif o.unserved_predicted_tokens > 0:  # an access log's, beside a replay's causes
+                detail = (
+                    f"observed: {o.unserved_predicted_tokens:,.0f} tokens the router predicted "
+                    "cached were computed by the engines (evicted while queued, or an index "
+                    "behind the engines' events)"
+                )
             limits.append(
                 Limit("capacity", miss["evicted"], miss["evicted"] / p, why, change, detail)
             )

@@ -234,6 +234,20 @@ def test_an_access_log_with_its_workload_replays_at_the_capacity_given(
     assert "the replay guessed a tenth of the workload's footprint" in capsys.readouterr().out
 
 
+def test_with_a_replay_the_predicted_hits_not_served_stay_named_under_capacity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The replay's evicted misses make the capacity limit; what the access log observed (the
+    router's predictions the engines did not serve) is still said under it."""
+    rows: list[Row] = [(200, "a:1", "affinity", 1000, 800, 200, 10.0)] * 4
+    path = str(_access_log(tmp_path / "access.jsonl", rows))
+    argv = ["doctor", "--access-log", path, "--workload", "builtin:chat", "--requests", "200"]
+    assert main([*argv, "--capacity-tokens", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "limit 1: capacity" in out
+    assert "observed: 2,400 tokens the router predicted cached were computed" in out
+
+
 def test_an_access_log_names_a_gateway_that_tokenizes_otherwise_than_the_engine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
