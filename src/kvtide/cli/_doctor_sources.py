@@ -321,8 +321,7 @@ def from_access_log(path: Path) -> Observed:
     if unreported:
         o.notes.append(
             f"{unreported:,} answered requests without the engine's cached_tokens are left out "
-            "of the ratios (vLLM reports them with --enable-prompt-tokens-details; a stream "
-            "only with stream_options.include_usage)"
+            "of the ratios (vLLM reports them only with --enable-prompt-tokens-details)"
         )
     for title, tallies in (("replicas", replicas), ("routes", routes), ("tenants", tenants)):
         if tallies:

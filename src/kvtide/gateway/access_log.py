@@ -24,7 +24,7 @@ estimate of 4 bytes a token), ``engine_prompt_tokens`` and ``completion_tokens``
 gateway renders or tokenizes prompts otherwise than the engine, so it hashes other blocks than
 the engine caches and its index cannot match them (``kvtide doctor --access-log`` counts them).
 ``cached_tokens`` is the engine's ``usage.prompt_tokens_details.cached_tokens`` where it sent
-one (a non-streamed answer; a stream with ``stream_options.include_usage``), else null;
+one (every answer: the gateway asks for a stream's usage where the client did not), else null;
 ``ttft_ms`` is the first streamed output chunk (null for a non-streamed answer, whose first
 byte is its last); ``failures`` what went wrong on the way, in order: an attempt that failed
 before its first byte (``connect``, ``timeout``, ``read``, ``http_503``...: retried on another
@@ -94,6 +94,9 @@ class Exchange:
     failures: list[str] = field(default_factory=list)
     first_token_s: float | None = None
     """When the first output chunk went back, on the gateway's clock."""
+    hide_usage: bool = False
+    """The gateway asked the engine for this stream's usage, the client did not: the usage
+    event is read and dropped from the client's stream (``gateway.usage``)."""
 
     @property
     def request_id_bytes(self) -> bytes:

@@ -44,6 +44,7 @@ from kvtide.gateway.status import (
 from kvtide.gateway.telemetry import GatewayTelemetry
 from kvtide.gateway.tenants import Tenant, TenantTable
 from kvtide.gateway.upstream import UpstreamPool
+from kvtide.gateway.usage import ask_usage
 from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, RoutingContext
 from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
@@ -367,6 +368,8 @@ class Gateway:
         if not isinstance(stream, bool):
             raise ApiError(BAD_REQUEST, "'stream' must be a boolean", "stream")
         exchange.stream = stream
+        if stream:
+            exchange.hide_usage = ask_usage(body)
         max_tokens = _max_tokens(body)
         seed = self.seed(model, tenant.salt)
         prompt = self.prompts.chat(body, seed) if is_chat else self.prompts.completion(body, seed)

@@ -27,6 +27,7 @@ from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
 from kvtide.gateway.upstream import Response, UpstreamPool
+from kvtide.gateway.usage import USAGE_MARK, whole_events, without_usage
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
 from kvtide.types import ReplicaId
@@ -239,8 +240,14 @@ class Proxy:
         exchange: Exchange,
     ) -> int:
         first = True
+        hide_usage = exchange.hide_usage
+        held = b""  # hiding the usage: the start of an event not yet whole
         try:
             while chunk := await resp.read_chunk():
+                if hide_usage:
+                    chunk, held = whole_events(held + chunk)
+                    if not chunk:
+                        continue
                 if first:
                     await start_stream(send, 200, headers)
                     first = False
@@ -249,13 +256,21 @@ class Proxy:
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
                     exchange.first_token_s = self.now_s()
-                await send_chunk(send, chunk)
-                if b'"completion_tokens"' in chunk:  # a usage object: the last chunk
+                if USAGE_MARK in chunk:  # a usage object: the last chunk
                     _usage(exchange, chunk)
                     cached = _cached_tokens(chunk)
                     if cached is not None:
                         exchange.cached_tokens = cached
                         self.router.report(route, decision, cached)
+                    if hide_usage:
+                        chunk = without_usage(chunk)
+                if chunk:
+                    await send_chunk(send, chunk)
+            if held:  # the engine ended inside an event: pass on what it sent
+                if first:
+                    await start_stream(send, 200, headers)
+                    first = False
+                await send_chunk(send, held)
         except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc

@@ -56,6 +56,10 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 """A route: answers through ``send``, returns the HTTP status (for the requests counter)."""
 
 
+_REQUEST_ID = "kvtide.request_id"
+"""The scope key a completion's id is kept under, for the error answer ``_http`` writes."""
+
+
 def _client_id(scope: Scope) -> str | None:
     """The client's ``X-Request-Id`` when it is 1-128 printable ASCII characters (it goes
     into a JSON log line: no control characters, no unbounded size)."""
@@ -137,8 +141,12 @@ class GatewayApp:
             if 400 <= err.status.http < 500:
                 metrics.rejected.labels(err.status.code).inc()
             status = err.status.http
+            headers = err.headers()
+            request_id = scope.get(_REQUEST_ID)
+            if request_id:  # a refused completion keeps its id: the access log's line has it
+                headers.append((b"x-request-id", request_id))
             with contextlib.suppress(Exception):  # the response had started, or no client
-                await respond(send, status, err.body(), err.headers())
+                await respond(send, status, err.body(), headers)
         metrics.child(metrics.requests, endpoint, str(status)).inc()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
@@ -186,6 +194,7 @@ class GatewayApp:
     ) -> int:
         gateway = self.gateway
         exchange = gateway.exchange("chat" if is_chat else "completions", _client_id(scope))
+        scope[_REQUEST_ID] = exchange.request_id_bytes
         access_log = gateway.access_log
         if access_log is None:
             return await self._answer(scope, receive, send, path, is_chat, exchange)

@@ -7,10 +7,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.integration.gateway.procs import Proc, backend, free_port, gateway
+from tests.integration.gateway.procs import (
+    Proc,
+    backend,
+    close_openai_clients,
+    free_port,
+    gateway,
+)
 
 KEYS = {name: f"sk-{name}-0123456789" for name in ("alpha", "beta", "gamma", "delta", "eps")}
 SECRET = "test-tenant-secret"
+
+
+@pytest.fixture(autouse=True)
+def _close_openai_clients() -> Iterator[None]:
+    yield
+    close_openai_clients()
 
 
 @pytest.fixture

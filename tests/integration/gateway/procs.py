@@ -11,7 +11,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import openai
 from engine_process import Engine, start_engine
 
 from kvtide.cli.processes import free_port
@@ -119,3 +121,32 @@ def emulated_engines(n: int, *extra: str) -> list[Engine]:
 def gateway(port: int, *extra: str) -> Proc:
     args = [sys.executable, "-m", "kvtide", "serve", "--port", str(port), *extra]
     return Proc(args, f"http://127.0.0.1:{port}/health")
+
+
+def access_log_lines(path: Path, n: int, timeout_s: float = 10.0) -> list[dict]:
+    """The access log's lines once it has ``n`` (the gateway writes them every 0.5 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = path.read_text() if path.exists() else ""
+        lines = [json.loads(line) for line in text.splitlines()]
+        if len(lines) >= n or time.monotonic() > deadline:
+            assert len(lines) == n, lines
+            return lines
+        time.sleep(0.05)
+
+
+_OPENAI_CLIENTS: list[openai.OpenAI] = []
+
+
+def openai_client(**kwargs: Any) -> openai.OpenAI:
+    """``openai.OpenAI(**kwargs)``, closed when the test ends (conftest's autouse fixture):
+    an unclosed client's sockets raise their ResourceWarning whenever the collector reaches
+    them, which may be in another test or at the session's end."""
+    client = openai.OpenAI(**kwargs)
+    _OPENAI_CLIENTS.append(client)
+    return client
+
+
+def close_openai_clients() -> None:
+    while _OPENAI_CLIENTS:
+        _OPENAI_CLIENTS.pop().close()

@@ -5,7 +5,6 @@ refusals; the file reopened on SIGHUP (logrotate) and the last lines written on 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -17,11 +16,13 @@ from engine_process import Engine
 from tests.integration.gateway.conftest import KEYS, write_keys
 from tests.integration.gateway.procs import (
     Proc,
+    access_log_lines,
     backend,
     backend_stats,
     emulated_engines,
     free_port,
     gateway,
+    openai_client,
 )
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -29,20 +30,8 @@ pytestmark = [pytest.mark.timeout(120)]
 HISTORY = "The harbour master logs every vessel's draught, cargo and berth. " * 20
 
 
-def _lines(path: Path, n: int, timeout_s: float = 10.0) -> list[dict]:
-    """The log's lines once it has ``n`` (the writer flushes every 0.5 s)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        text = path.read_text() if path.exists() else ""
-        lines = [json.loads(line) for line in text.splitlines()]
-        if len(lines) >= n or time.monotonic() > deadline:
-            assert len(lines) == n, lines
-            return lines
-        time.sleep(0.05)
-
-
 def _client(port: int, key: str = "x") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+    return openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
 
 
 def test_each_request_gets_a_line_with_its_route_and_the_engines_answer(tmp_path: Path) -> None:
@@ -69,7 +58,7 @@ def test_each_request_gets_a_line_with_its_route_and_the_engines_answer(tmp_path
             _client(port, "sk-wrong").completions.create(model="m", prompt="hi", max_tokens=2)
         with pytest.raises(openai.NotFoundError):
             c.completions.create(model="nope", prompt="hi", max_tokens=2)
-        first, second, unauthorised, unknown = _lines(log, 4)
+        first, second, unauthorised, unknown = access_log_lines(log, 4)
     finally:
         gw.stop()
         be.stop()
@@ -123,15 +112,21 @@ def test_the_request_id_joins_the_line_the_engine_and_the_client(tmp_path: Path)
             )
             assert raw.parse().choices
             answered.append(raw.headers["x-request-id"])
-        lines = _lines(logs[port], 2) + _lines(logs[port2], 1)
+        # a refusal carries its id too: the client can quote it, the log has its line
+        with pytest.raises(openai.NotFoundError) as refused:
+            _client(port2).completions.create(model="nope", prompt="q", max_tokens=2)
+        answered.append(refused.value.response.headers["x-request-id"])
+        lines = access_log_lines(logs[port], 2) + access_log_lines(logs[port2], 2)
         seen = backend_stats(bport)["request_ids"]
     finally:
         for gw in gws:
             gw.stop()
         be.stop()
-    assert [line["id"] for line in lines] == answered == seen
-    assert len(set(answered)) == 3  # two processes, yet no id twice
-    assert [line["client_request_id"] for line in lines] == [None, "client-1", "client-2"]
+    assert [line["id"] for line in lines] == answered
+    assert answered[:3] == seen  # the refused one never reached the engine
+    assert len(set(answered)) == 4  # two processes, yet no id twice
+    assert [line["client_request_id"] for line in lines] == [None, "client-1", "client-2", None]
+    assert lines[-1]["status"] == 404
 
 
 def test_a_retried_request_names_the_failed_attempt_and_where_it_was_served(
@@ -151,7 +146,7 @@ def test_a_retried_request_names_the_failed_attempt_and_where_it_was_served(
             c.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2
             )
-        lines = _lines(log, 6)
+        lines = access_log_lines(log, 6)
         retried = backend_stats(bad_port)["requests"]
     finally:
         gw.stop()
@@ -165,7 +160,9 @@ def test_a_retried_request_names_the_failed_attempt_and_where_it_was_served(
     assert all(line["attempts"] == 1 for line in lines if not line["failures"])
 
 
-def test_sighup_reopens_the_file_and_sigterm_writes_the_last_lines(tmp_path: Path) -> None:
+def test_sighup_reopens_the_file_and_sigterm_writes_the_last_lines(
+    tmp_path: Path,
+) -> None:
     log = tmp_path / "access.jsonl"
     bport, port = free_port(), free_port()
     be = backend(bport, "m")
@@ -176,19 +173,19 @@ def test_sighup_reopens_the_file_and_sigterm_writes_the_last_lines(tmp_path: Pat
     try:
         c = _client(port)
         c.completions.create(model="m", prompt="before the rotation", max_tokens=2)
-        _lines(log, 1)
+        access_log_lines(log, 1)
         rotated = tmp_path / "access.jsonl.1"
         os.rename(log, rotated)  # what logrotate does, then it signals the process
         gw.signal(signal.SIGHUP)
         time.sleep(0.3)
         c.completions.create(model="m", prompt="after the rotation", max_tokens=2)
-        (after,) = _lines(log, 1)
+        (after,) = access_log_lines(log, 1)
         c.completions.create(model="m", prompt="just before the stop", max_tokens=2)
         assert gw.stop() == 0  # SIGTERM at once: the last line is written on the way out
         gw = None
-        (before,) = _lines(rotated, 1)
+        (before,) = access_log_lines(rotated, 1)
         assert before["status"] == after["status"] == 200
-        assert [line["status"] for line in _lines(log, 2, timeout_s=0)] == [200, 200]
+        assert [line["status"] for line in access_log_lines(log, 2, timeout_s=0)] == [200, 200]
     finally:
         if gw is not None:
             gw.stop()
@@ -235,7 +232,7 @@ def test_the_gateway_counts_the_prompt_tokens_the_engine_counts(tmp_path: Path) 
             c.chat.completions.create(model="emu", messages=[system, question], max_tokens=2)
             time.sleep(0.3)  # the engine's KV events in before the next turn routes
         c.completions.create(model="emu", prompt=HISTORY + "  Indented.\n\n", max_tokens=2)
-        lines = _lines(log, 4)
+        lines = access_log_lines(log, 4)
     finally:
         if gw is not None:
             gw.stop()

@@ -13,7 +13,6 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
-import openai
 import pytest
 from engine_process import Engine
 from tests.integration.gateway.procs import (
@@ -23,6 +22,7 @@ from tests.integration.gateway.procs import (
     emulated_engines,
     free_port,
     gateway,
+    openai_client,
 )
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -56,7 +56,7 @@ def plain_gateway() -> Iterator[tuple[str, int]]:
 
 
 def _complete(url: str, prompt: str, **extra: object) -> None:
-    c = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+    c = openai_client(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
     r = c.completions.create(model="m", prompt=prompt, max_tokens=2, extra_body=extra or None)
     assert r.usage is not None
 
@@ -109,7 +109,7 @@ def test_engines_with_priority_scheduling_serve_the_deadlines(
     port = free_port()
     gw = gateway(port, *replicas, "--tokenizer", "smollm2", "--policy", "cost:deadline_k=3")
     try:
-        c = openai.OpenAI(
+        c = openai_client(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60
         )
         cached = []
@@ -140,7 +140,7 @@ def test_an_engine_that_refuses_priorities_is_served_without_them() -> None:
         port = free_port()
         gw = gateway(port, *replicas, "--tokenizer", "smollm2", "--policy", "cost:deadline_k=3")
         url = f"http://127.0.0.1:{port}"
-        c = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
+        c = openai_client(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
         fcfs = engines[0].url.removeprefix("http://")
         refused = False
         for i in range(24):  # distinct conversations: the cold hash spreads them over both

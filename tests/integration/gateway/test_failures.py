@@ -19,6 +19,7 @@ from tests.integration.gateway.procs import (
     backend_stats,
     free_port,
     gateway,
+    openai_client,
     wait_aborted,
 )
 
@@ -50,7 +51,7 @@ def test_a_failing_replica_is_retried_elsewhere_then_ejected() -> None:
         "round_robin",
     )
     try:
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         for i in range(12):
             r = c.completions.create(model="m", prompt=f"p{i}", max_tokens=2)
             assert r.choices[0].text == "tok tok "
@@ -119,7 +120,7 @@ def test_a_client_disconnect_cancels_the_upstream_request() -> None:
     slow = backend(bport, "m", "--token-delay", "0.1", "--tokens", "40")
     gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}")
     try:
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         stream = c.completions.create(model="m", prompt="go", stream=True)
         next(iter(stream))
         stream.close()
@@ -135,7 +136,7 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones() -> None:
     slow = backend(bport, "m", "--token-delay", "0.05", "--tokens", "30")
     gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}")
     try:
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         stream = c.completions.create(model="m", prompt="go", stream=True)
         it = iter(stream)
         text = next(it).choices[0].text
@@ -168,7 +169,7 @@ def test_admin_api_adds_drains_and_removes_replicas() -> None:
         assert [r["models"] for r in listed] == [["m"], ["m"]]
         first = f"127.0.0.1:{p1}"
         assert _get(f"{base}/admin/replicas/{first}/drain", "adm", "POST", {})[0] == 200
-        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        c = openai_client(base_url=f"{base}/v1", api_key="x", max_retries=0)
         before = backend_stats(p1)["requests"]
         for i in range(4):
             c.completions.create(model="m", prompt=f"x{i}", max_tokens=1)
@@ -189,7 +190,7 @@ def test_sighup_reloads_the_keys_file_and_limits_answer_429(tmp_path: Path) -> N
     gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--api-keys", str(keys))
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        beta = openai.OpenAI(base_url=base, api_key=KEYS["beta"], max_retries=0)
+        beta = openai_client(base_url=base, api_key=KEYS["beta"], max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             beta.completions.create(model="m", prompt="x", max_tokens=1)
         write_keys(keys, {"alpha": KEYS["alpha"], "beta": KEYS["beta"]}, tokens_per_minute=600)
@@ -205,7 +206,7 @@ def test_sighup_reloads_the_keys_file_and_limits_answer_429(tmp_path: Path) -> N
         write_keys(keys, {"alpha": KEYS["alpha"]}, max_concurrency=1)
         gw.signal(signal.SIGHUP)
         time.sleep(0.5)
-        alpha = openai.OpenAI(base_url=base, api_key=KEYS["alpha"], max_retries=0)
+        alpha = openai_client(base_url=base, api_key=KEYS["alpha"], max_retries=0)
         stream = alpha.completions.create(model="m", prompt="long", stream=True)
         next(iter(stream))
         with pytest.raises(openai.RateLimitError):

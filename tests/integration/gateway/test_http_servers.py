@@ -14,12 +14,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import openai
 import pytest
 from tests.integration.gateway.procs import (
     backend,
     free_port,
     gateway,
+    openai_client,
     wait_aborted,
 )
 
@@ -42,7 +42,7 @@ def test_the_gateway_serves_the_same_on_both_servers(server: str) -> None:
     gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--http-server", server)
     base = f"http://127.0.0.1:{port}"
     try:
-        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=20)
+        c = openai_client(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=20)
         assert c.completions.create(model="m", prompt="a", max_tokens=2).choices[0].text
         chunks = list(c.completions.create(model="m", prompt="b", stream=True))
         assert "".join(ch.choices[0].text for ch in chunks) == "tok " * 10

@@ -12,6 +12,7 @@ import urllib.request
 import openai
 import pytest
 from tests.integration.gateway.conftest import KEYS, SECRET
+from tests.integration.gateway.procs import openai_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,7 +20,7 @@ LONG = "You are a careful assistant who answers in one line. " * 20
 
 
 def client(url: str, tenant: str = "alpha") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[tenant], max_retries=0, timeout=20)
+    return openai_client(base_url=f"{url}/v1", api_key=KEYS[tenant], max_retries=0, timeout=20)
 
 
 def test_chat_and_completions_streamed_and_not(keyed_gateway: tuple[str, list]) -> None:
@@ -62,7 +63,7 @@ def test_errors_are_openai_errors_with_the_matching_exception(
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model="m", prompt="x", max_tokens=0)
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        openai_client(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     # raw malformed bodies, each with its status and an OpenAI error object
     for body, status in ((b"{not json", 400), (b"[1, 2]", 400), (b'{"model": 3}', 400)):
         req = urllib.request.Request(

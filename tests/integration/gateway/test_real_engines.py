@@ -11,11 +11,10 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 from engine_process import Engine
 from tests.integration.gateway.conftest import KEYS, SECRET, write_keys
-from tests.integration.gateway.procs import emulated_engines, free_port, gateway
+from tests.integration.gateway.procs import emulated_engines, free_port, gateway, openai_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -55,7 +54,7 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[Engine]]]:
 
 
 def _chat(url: str, tenant: str, question: str, salt: str | None = None) -> int:
-    c = openai.OpenAI(base_url=f"{url}/v1", api_key=KEYS[tenant], max_retries=0, timeout=30)
+    c = openai_client(base_url=f"{url}/v1", api_key=KEYS[tenant], max_retries=0, timeout=30)
     r = c.chat.completions.create(
         model="emu",
         messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],

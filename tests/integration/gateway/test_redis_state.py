@@ -12,10 +12,9 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 
-import openai
 import pytest
 from engine_process import Engine
-from tests.integration.gateway.procs import emulated_engines, free_port, gateway
+from tests.integration.gateway.procs import emulated_engines, free_port, gateway, openai_client
 
 redis = pytest.importorskip("redis")
 
@@ -39,7 +38,7 @@ def _metric_sum(url: str, name: str, label: str = "") -> float:
 
 
 def _chat(url: str, question: str) -> int:
-    c = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+    c = openai_client(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
     r = c.chat.completions.create(
         model="emu",
         messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],

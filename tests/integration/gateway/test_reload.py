@@ -10,9 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import openai
 import pytest
-from tests.integration.gateway.procs import backend, free_port, gateway
+from tests.integration.gateway.procs import backend, free_port, gateway, openai_client
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -48,7 +47,7 @@ def test_sighup_swaps_the_policy_and_keeps_serving(tmp_path: Path) -> None:
     port = free_port()
     gw = gateway(port, "--config", str(config))
     url = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=10)
+    client = openai_client(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=10)
 
     def send(n: int) -> None:
         for i in range(n):

@@ -1,0 +1,99 @@
+"""A streamed answer's ``usage``, asked of the engine for every stream and hidden again from a
+client that did not ask for it.
+
+The engine's ``usage`` is what the gateway learns what it served from: the cached tokens the
+router's index health compares with its prediction (``Router.report``), the access log's
+``cached_tokens`` and the engine's prompt token count. An engine sends it in a stream only
+under ``stream_options.include_usage``, which the ``openai`` client does not set by default,
+so without this the gateway would be blind on most streamed chat traffic. The gateway sets
+it upstream, reads the usage event, and drops it from what the client gets: the client sees
+the stream it asked for.
+
+To drop an event, the gateway must see it whole before passing any of it on, so in that mode
+the stream goes to the client in whole SSE events: bytes after the last event boundary wait
+for the rest of their event (a client cannot act on half an event either). Past
+``MAX_HELD_BYTES`` without a boundary the bytes go through as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from kvtide.gateway.status import BAD_REQUEST, ApiError
+
+MAX_HELD_BYTES = 1 << 20
+"""An event longer than this is no OpenAI chunk: pass it through rather than hold it."""
+
+USAGE_MARK = b'"completion_tokens"'
+"""Present in every ``usage`` object, absent from a text chunk's JSON framing."""
+
+
+def ask_usage(body: dict[str, Any]) -> bool:
+    """Sets ``stream_options.include_usage`` in a streamed request's ``body``; whether the
+    client had not asked for it (then its usage event is the gateway's, not the client's)."""
+    opts = body.get("stream_options")
+    if opts is None:
+        body["stream_options"] = {"include_usage": True}
+        return True
+    if not isinstance(opts, dict):
+        raise ApiError(BAD_REQUEST, "'stream_options' must be an object", "stream_options")
+    wanted = opts.get("include_usage", False)
+    if not isinstance(wanted, bool):
+        raise ApiError(
+            BAD_REQUEST, "'stream_options.include_usage' must be a boolean", "stream_options"
+        )
+    if wanted:
+        return False
+    opts = {**opts, "include_usage": True}
+    if opts.get("continuous_usage_stats"):
+        # it had no effect without include_usage (vLLM): usage in every chunk is not asked
+        opts["continuous_usage_stats"] = False
+    body["stream_options"] = opts
+    return True
+
+
+def whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """``data`` split after its last SSE event boundary (a blank line): the whole events, and
+    the start of the next one, to be held until its end arrives."""
+    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\n\r\n")
+    if lf < 0 and crlf < 0:
+        return (data, b"") if len(data) > MAX_HELD_BYTES else (b"", data)
+    cut = max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
+    return data[:cut], data[cut:]
+
+
+def without_usage(events: bytes) -> bytes:
+    """``events`` (whole SSE events) less the engine's usage: a usage-only event (vLLM's and
+    SGLang's last, with ``choices: []``) dropped, a ``usage`` object in any other event
+    removed from it. Events without a usage object are passed on byte for byte."""
+    if USAGE_MARK not in events:
+        return events
+    sep = b"\r\n\r\n" if b"\r\n\r\n" in events else b"\n\n"
+    out: list[bytes] = []
+    for event in events.split(sep):
+        if USAGE_MARK in event:
+            kept = _event_without_usage(event)
+            if kept is None:
+                continue
+            event = kept
+        out.append(event)
+    return sep.join(out)
+
+
+def _event_without_usage(event: bytes) -> bytes | None:
+    """One ``data:`` event without its usage object; None when nothing else is left."""
+    head, colon, payload = event.partition(b":")
+    if head.strip() != b"data" or not colon or b"\n" in payload.strip():
+        return event  # not a one-line data event: not ours to edit
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return event
+    if not isinstance(obj, dict) or not isinstance(obj.get("usage"), dict):
+        return event
+    if not obj.get("choices"):
+        return None
+    del obj["usage"]
+    return b"data: " + orjson.dumps(obj)
