@@ -375,13 +375,17 @@ class Gateway:
         prompt = self.prompts.chat(body, seed) if is_chat else self.prompts.completion(body, seed)
         exchange.prompt_tokens = prompt.prompt_tokens
         exchange.tokenized = self.prompts.is_exact
-        self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
+        charged = prompt.prompt_tokens + max_tokens
+        self.tenants.admit(tenant, charged)
         try:
             return await self._forward(
                 send, path, body, tenant, prompt, model, stream, max_tokens, exchange
             )
         finally:
             self.tenants.release(tenant)
+            if exchange.completion_tokens is not None:  # the engine's usage: what it took
+                prompt_tokens = exchange.engine_prompt_tokens or prompt.prompt_tokens
+                self.tenants.settle(tenant, charged, prompt_tokens + exchange.completion_tokens)
 
     async def _forward(
         self,

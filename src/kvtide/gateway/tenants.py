@@ -8,6 +8,10 @@ Keys file (YAML), reloaded on SIGHUP::
         max_concurrency: 8             # optional, else limits.max_concurrency
         tokens_per_minute: 200000      # optional, else limits.tokens_per_minute (0: none)
 
+Tokens per minute: a request is admitted on its prompt and ``max_tokens`` (429 with
+``Retry-After`` when the tenant's bucket lacks them), then charged what the engine's ``usage``
+says it took, more or less; the bucket may go below empty, and the next requests wait.
+
 A tenant's salt is HMAC-SHA256(tenant secret, name): the gateway sends it as the engines'
 ``cache_salt`` in place of anything the client sent, and hashes the tenant's blocks in a
 namespace keyed by it, so no tenant can reach another's cached prefix.
@@ -150,6 +154,15 @@ class TenantTable:
                 retry_after_s=float(math.ceil(wait_s)),
             )
         tenant.in_flight += 1
+
+    @staticmethod
+    def settle(tenant: Tenant, charged: int, used: int) -> None:
+        """Books what a request took once the engine's ``usage`` tells (``used``: its prompt
+        and completion tokens) against what ``admit`` charged before it ran (its prompt and
+        ``max_tokens``, 16 where a chat request set none and the engine may write thousands):
+        a tokens-per-minute limit counts the tokens served, not the ones asked for."""
+        if tenant.tokens_per_minute > 0:
+            tenant.bucket_tokens -= used - charged
 
     @staticmethod
     def release(tenant: Tenant) -> None:

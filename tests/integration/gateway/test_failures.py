@@ -183,6 +183,33 @@ def test_admin_api_adds_drains_and_removes_replicas() -> None:
         b2.stop()
 
 
+def test_tokens_per_minute_count_the_tokens_the_engine_wrote(tmp_path: Path) -> None:
+    """No ``max_tokens``: the gateway admits each request on a guess (16), then charges what
+    the engine's usage says it took, streamed or not, so the limit holds."""
+    bport, port = free_port(), free_port()
+    be = backend(bport, "m", "--tokens", "100")
+    keys = write_keys(tmp_path / "keys.yaml", {"alpha": KEYS["alpha"]}, tokens_per_minute=600)
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--api-keys", str(keys))
+    try:
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEYS["alpha"],
+                          max_retries=0)  # fmt: skip
+        served = 0
+        with pytest.raises(openai.RateLimitError) as limited:
+            while served < 40:
+                if served % 2:
+                    assert list(c.completions.create(model="m", prompt="x", stream=True))
+                else:
+                    assert c.completions.create(model="m", prompt="x").usage is not None
+                served += 1
+    finally:
+        gw.stop()
+        be.stop()
+    # 101 tokens a request against 600: the sixth is admitted on the guess with 95 left,
+    # the seventh finds the bucket below empty (charged the guess alone: 35 would pass)
+    assert served == 6, served
+    assert int(limited.value.response.headers["Retry-After"]) >= 1
+
+
 def test_sighup_reloads_the_keys_file_and_limits_answer_429(tmp_path: Path) -> None:
     bport, port = free_port(), free_port()
     slow = backend(bport, "m", "--token-delay", "0.05", "--tokens", "20")

@@ -73,6 +73,30 @@ def test_tokens_per_minute_refill_and_retry_after(tmp_path: Path) -> None:
     table.admit(a, 200)
 
 
+def test_the_bucket_is_charged_what_the_engine_reports_not_what_was_asked(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(100.0)
+    table = _table(
+        tmp_path, "tenants:\n" + _entry("a", "ka", "    tokens_per_minute: 600\n"), clock
+    )
+    a = table.authenticate("Bearer ka")
+    table.admit(a, 300)  # asked for 300 (prompt + max_tokens), took 50
+    table.settle(a, 300, 50)
+    table.release(a)
+    table.admit(a, 500)  # 550 left: admitted, where the charge alone left 300
+    table.settle(a, 500, 900)  # no max_tokens set: the engine wrote far more
+    table.release(a)
+    with pytest.raises(ApiError) as err:
+        table.admit(a, 10)  # -350 now: 360 short, refilled at 10 a second
+    assert err.value.retry_after_s == 36.0
+    clock.advance(36.0)
+    table.admit(a, 10)
+    unlimited = table.default
+    table.settle(unlimited, 10, 10_000)  # no limit: nothing booked
+    assert unlimited.bucket_tokens == 0.0
+
+
 def test_reload_keeps_counters_and_applies_new_limits(tmp_path: Path) -> None:
     table = _table(tmp_path, "tenants:\n" + _entry("a", "ka"))
     a = table.authenticate("Bearer ka")
