@@ -27,7 +27,7 @@ from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
 from kvtide.gateway.upstream import Response, UpstreamPool
-from kvtide.gateway.usage import USAGE_MARK, whole_events, without_usage
+from kvtide.gateway.usage import USAGE_MARK, UsageHider
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
 from kvtide.types import ReplicaId
@@ -240,13 +240,12 @@ class Proxy:
         exchange: Exchange,
     ) -> int:
         first = True
-        hide_usage = exchange.hide_usage
-        held = b""  # hiding the usage: the start of an event not yet whole
+        hider = UsageHider() if exchange.hide_usage else None
         try:
             while chunk := await resp.read_chunk():
-                if hide_usage:
-                    chunk, held = whole_events(held + chunk)
-                    if not chunk:
+                if hider is not None:
+                    chunk = hider.take(chunk)
+                    if not chunk:  # the start of an event: wait for the rest of it
                         continue
                 if first:
                     await start_stream(send, 200, headers)
@@ -262,15 +261,15 @@ class Proxy:
                     if cached is not None:
                         exchange.cached_tokens = cached
                         self.router.report(route, decision, cached)
-                    if hide_usage:
-                        chunk = without_usage(chunk)
+                    if hider is not None:
+                        chunk = hider.hide(chunk)
                 if chunk:
                     await send_chunk(send, chunk)
-            if held:  # the engine ended inside an event: pass on what it sent
-                if first:
+            if hider is not None and (rest := hider.rest()):
+                if first:  # the engine ended inside an event: pass on what it sent
                     await start_stream(send, 200, headers)
                     first = False
-                await send_chunk(send, held)
+                await send_chunk(send, rest)
         except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc

@@ -54,6 +54,39 @@ def ask_usage(body: dict[str, Any]) -> bool:
     return True
 
 
+class UsageHider:
+    """One stream on its way to a client that did not ask for usage: ``take`` each read (the
+    whole events so far come back), read them, ``hide`` their usage, and at the end send on
+    ``rest`` (an event the engine never finished)."""
+
+    __slots__ = ("active", "held")
+
+    def __init__(self) -> None:
+        self.held = b""
+        self.active = True
+        """False once the engine turned out to send usage unasked: the rest passes as is."""
+
+    def take(self, data: bytes) -> bytes:
+        if not self.active:
+            return data
+        events, self.held = whole_events(self.held + data)
+        return events
+
+    def hide(self, events: bytes) -> bytes:
+        if not self.active:
+            return events
+        hidden = without_usage(events)
+        if hidden is not None:
+            return hidden
+        self.active = False
+        events, self.held = events + self.held, b""
+        return events
+
+    def rest(self) -> bytes:
+        held, self.held = self.held, b""
+        return held
+
+
 def whole_events(data: bytes) -> tuple[bytes, bytes]:
     """``data`` split after its last SSE event boundary (a blank line): the whole events, and
     the start of the next one, to be held until its end arrives."""
@@ -64,36 +97,37 @@ def whole_events(data: bytes) -> tuple[bytes, bytes]:
     return data[:cut], data[cut:]
 
 
-def without_usage(events: bytes) -> bytes:
-    """``events`` (whole SSE events) less the engine's usage: a usage-only event (vLLM's and
-    SGLang's last, with ``choices: []``) dropped, a ``usage`` object in any other event
-    removed from it. Events without a usage object are passed on byte for byte."""
+def without_usage(events: bytes) -> bytes | None:
+    """``events`` (whole SSE events) less the engine's usage event (vLLM's and SGLang's last,
+    with ``choices: []``); events without a usage object are passed on byte for byte. None
+    when an event with choices carries a usage object: the engine sends usage whatever the
+    request says (vLLM's ``--enable-force-include-usage``: in every chunk), so the client
+    would get it without the gateway too, and the stream is to be passed on as it comes."""
     if USAGE_MARK not in events:
         return events
     sep = b"\r\n\r\n" if b"\r\n\r\n" in events else b"\n\n"
     out: list[bytes] = []
     for event in events.split(sep):
         if USAGE_MARK in event:
-            kept = _event_without_usage(event)
-            if kept is None:
+            usage_only = _usage_only(event)
+            if usage_only is None:
+                return None
+            if usage_only:
                 continue
-            event = kept
         out.append(event)
     return sep.join(out)
 
 
-def _event_without_usage(event: bytes) -> bytes | None:
-    """One ``data:`` event without its usage object; None when nothing else is left."""
+def _usage_only(event: bytes) -> bool | None:
+    """Whether ``event`` is a usage-only ``data:`` event; None when it is one with choices
+    and a usage object."""
     head, colon, payload = event.partition(b":")
     if head.strip() != b"data" or not colon or b"\n" in payload.strip():
-        return event  # not a one-line data event: not ours to edit
+        return False  # not a one-line data event (SGLang's sglext events): not ours
     try:
         obj = orjson.loads(payload)
     except orjson.JSONDecodeError:
-        return event
+        return False
     if not isinstance(obj, dict) or not isinstance(obj.get("usage"), dict):
-        return event
-    if not obj.get("choices"):
-        return None
-    del obj["usage"]
-    return b"data: " + orjson.dumps(obj)
+        return False
+    return None if obj.get("choices") else True

@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtide.gateway.status import ApiError
-from kvtide.gateway.usage import MAX_HELD_BYTES, ask_usage, whole_events, without_usage
+from kvtide.gateway.usage import (
+    MAX_HELD_BYTES,
+    UsageHider,
+    ask_usage,
+    whole_events,
+    without_usage,
+)
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
          "prompt_tokens_details": {"cached_tokens": 4}}  # fmt: skip
@@ -70,12 +76,15 @@ def test_the_usage_only_event_is_dropped_and_the_rest_kept_byte_for_byte() -> No
     assert without_usage(_token("a") + DONE) == _token("a") + DONE
 
 
-def test_usage_inside_a_token_event_is_removed_from_it() -> None:
+def test_an_engine_that_sends_usage_unasked_gets_its_stream_passed_on_as_it_comes() -> None:
+    # vLLM --enable-force-include-usage: usage in every chunk, whatever the request said;
+    # the client would get it without the gateway too
     obj = {"id": "c", "choices": [{"index": 0, "delta": {"content": "z"}}], "usage": USAGE}
-    out = without_usage(_event(obj) + DONE)
-    assert out.endswith(b"\n\n" + DONE)
-    got = json.loads(out.split(b"\n\n")[0].removeprefix(b"data: "))
-    assert got == {"id": "c", "choices": [{"index": 0, "delta": {"content": "z"}}]}
+    assert without_usage(_token("a") + _event(obj)) is None
+    stream = _token("a") + _event(obj) + _event(obj) + USAGE_EVENT + DONE
+    for cut in range(1, len(stream)):
+        out, _ = _relay([stream[:cut], stream[cut:]])
+        assert out == stream, cut
 
 
 def test_a_null_usage_and_text_that_names_usage_are_not_touched() -> None:
@@ -102,16 +111,16 @@ def test_whole_events_holds_only_the_unfinished_event() -> None:
 
 
 def _relay(reads: list[bytes]) -> tuple[bytes, list[bytes]]:
-    """What the proxy sends on: whole events without usage, then what was held."""
-    held, sent = b"", []
+    """What the proxy sends on, as it drives a ``UsageHider``."""
+    hider, sent = UsageHider(), []
     for read in reads:
-        complete, held = whole_events(held + read)
-        if complete:
-            out = without_usage(complete)
-            if out:
-                sent.append(out)
-    if held:
-        sent.append(held)
+        events = hider.take(read)
+        if events:
+            events = hider.hide(events)
+        if events:
+            sent.append(events)
+    if rest := hider.rest():
+        sent.append(rest)
     return b"".join(sent), sent
 
 
