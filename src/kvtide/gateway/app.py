@@ -164,6 +164,7 @@ class Gateway:
                 on_resync=self._resync_intake,
                 shadow_ttl_s=None if self.prompts.is_exact else SHADOW_TTL_S,
             )
+            self.tenants.shared = True  # tokens per minute held across the replicas
         self.pool: UpstreamPool | None = None
         self.proxy: Proxy | None = None
         self.checker: HealthChecker | None = None
@@ -308,11 +309,14 @@ class Gateway:
     async def _maintain_shared(self) -> None:
         shared = self.shared
         assert shared is not None
-        await shared.maintain({r.replica_id: r.in_flight for r in self.replicas})
+        await shared.maintain(
+            {r.replica_id: r.in_flight for r in self.replicas}, self.tenants.take_unshared()
+        )
         self.metrics.state_degraded.set(1 if shared.degraded else 0)
         if not shared.degraded:
             for r in self.replicas:
                 r.count_others(shared=shared.others_in_flight.get(r.replica_id, 0))
+            self.tenants.spent_elsewhere(shared.spent_elsewhere)
 
     def _on_down(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(0)
@@ -386,6 +390,16 @@ class Gateway:
             if exchange.completion_tokens is not None:  # the engine's usage: what it took
                 prompt_tokens = exchange.engine_prompt_tokens or prompt.prompt_tokens
                 self.tenants.settle(tenant, charged, prompt_tokens + exchange.completion_tokens)
+                self._count_usage(tenant.name, prompt_tokens, exchange)
+
+    def _count_usage(self, tenant: str, prompt_tokens: int, exchange: Exchange) -> None:
+        """A tenant's tokens as the engine reported them: its hit ratio is cached / prompt."""
+        metrics = self.metrics
+        metrics.child(metrics.tenant_tokens, tenant, "prompt").inc(prompt_tokens)
+        assert exchange.completion_tokens is not None
+        metrics.child(metrics.tenant_tokens, tenant, "completion").inc(exchange.completion_tokens)
+        if exchange.cached_tokens is not None:
+            metrics.child(metrics.tenant_tokens, tenant, "cached").inc(exchange.cached_tokens)
 
     async def _forward(
         self,

@@ -53,6 +53,13 @@ class GatewayMetrics:
             "Prompt tokens the policy predicted cached on the chosen replica",
             registry=r,
         )
+        self.tenant_tokens = Counter(
+            "kvtide_gateway_tenant_tokens_total",
+            "Tokens the engines reported per tenant (usage): kind prompt, cached (of the "
+            "prompt, served from the engine's prefix cache) or completion",
+            ["tenant", "kind"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "kvtide_gateway_upstream_errors_total",
             "Failed upstream attempts, by replica and kind",

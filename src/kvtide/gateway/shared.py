@@ -5,7 +5,9 @@ always warm); one of them, the holder of a short Redis lease per engine, also wr
 engine's events into the shared index (``state.redis_store``, pipelined, hash-tagged keys), so
 each engine has one intake. Routing asks Redis for the prefix match with a short timeout and
 hands it to the policy in ``RouteRequest.prefix_match``. Each gateway publishes its requests in
-flight per engine, and counts the others' in the engine's load.
+flight per engine, and counts the others' in the engine's load; and the tokens it charged each
+tenant, taking the others' out of its own buckets (``TenantTable.spent_elsewhere``), so the
+replicas hold a tenant to one tokens-per-minute limit without a Redis call per request.
 
 Text mode (no tokenizer, so no engine events to learn from) shares the gateway replicas' own
 decisions instead: each decision's chunk hashes are written, batched in the background, into a
@@ -68,6 +70,10 @@ class SharedState:
         self.owned: set[ReplicaId] = set()
         self.others_in_flight: dict[ReplicaId, int] = {}
         self.num_errors = 0
+        self._unsent: dict[str, int] = {}  # tenants' tokens charged here, not yet in Redis
+        self._tenant_totals: dict[str, int] = {}  # each tenant's shared total, last round
+        self.spent_elsewhere: dict[str, int] = {}
+        """Tokens the other gateways charged each tenant since the last round."""
 
     def _failed(self, exc: BaseException) -> None:
         self.num_errors += 1
@@ -126,8 +132,15 @@ class SharedState:
             except (StateStoreError, TimeoutError, OSError) as exc:
                 self._failed(exc)
 
-    async def maintain(self, in_flight: dict[ReplicaId, int]) -> None:
-        """One round: health, leases, load counters; a recovery resyncs the leased engines."""
+    async def maintain(
+        self, in_flight: dict[ReplicaId, int], spent: dict[str, int] | None = None
+    ) -> None:
+        """One round: health, leases, load counters, tenants' tokens (``spent`` here since
+        the last round: ``spent_elsewhere`` gets the others'); a recovery resyncs the leased
+        engines."""
+        for tenant, tokens in (spent or {}).items():
+            self._unsent[tenant] = self._unsent.get(tenant, 0) + tokens
+        self.spent_elsewhere = {}
         try:
             await asyncio.wait_for(self._round(in_flight), 4 * self.timeout_s)
         except (redis.RedisError, StateStoreError, TimeoutError, OSError) as exc:
@@ -149,7 +162,22 @@ class SharedState:
             pipe.hset(f"{p}:load:{{{replica}}}", me, n)
             pipe.pexpire(f"{p}:load:{{{replica}}}", lease_ms)
             pipe.hgetall(f"{p}:load:{{{replica}}}")
+        # tenants' tokens: one counter per tenant that every gateway adds its own to; what
+        # the others added since the last round is what this one has not seen (kept 2 min
+        # past the last write: a limit's bucket refills in 1)
+        unsent = dict(self._unsent)
+        for tenant, tokens in unsent.items():
+            pipe.incrby(f"{p}:tpm:{{{tenant}}}", tokens)
+            pipe.pexpire(f"{p}:tpm:{{{tenant}}}", 120_000)
         res = await pipe.execute()
+        base = 5 * len(in_flight)
+        for i, (tenant, tokens) in enumerate(unsent.items()):
+            total = int(res[base + 2 * i])
+            last = self._tenant_totals.get(tenant)
+            if last is not None and total - tokens > last:
+                self.spent_elsewhere[tenant] = total - tokens - last
+            self._tenant_totals[tenant] = total
+            self._unsent[tenant] -= tokens
         renew = self.client.pipeline(transaction=False)
         newly: list[ReplicaId] = []
         for i, replica in enumerate(in_flight):

@@ -49,6 +49,9 @@ class Tenant:
     in_flight: int = 0
     bucket_tokens: float = 0.0
     bucket_s: float = 0.0
+    unshared: int = 0
+    """Tokens charged here since the last exchange with the other gateway replicas
+    (``--state redis://``)."""
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -71,6 +74,17 @@ class TokenBucket:
         tenant.bucket_tokens = level
         return (need - level) / per_s
 
+    @staticmethod
+    def spend(tenant: Tenant, tokens: float, now_s: float) -> None:
+        """Takes ``tokens`` (a refund when negative) whether or not they are there: the
+        bucket may go below empty, and the next requests wait until it refills."""
+        rate = tenant.tokens_per_minute
+        if rate <= 0:
+            return
+        level = min(rate, tenant.bucket_tokens + (now_s - tenant.bucket_s) * rate / 60.0)
+        tenant.bucket_s = now_s
+        tenant.bucket_tokens = level - tokens
+
 
 class TenantTable:
     """Key hash -> tenant. Without a keys file every request is the default tenant."""
@@ -83,6 +97,9 @@ class TenantTable:
         self.by_name: dict[str, Tenant] = {}
         self.default = Tenant(DEFAULT_TENANT, "", limits.max_concurrency, limits.tokens_per_minute)
         self.requires_key = False
+        self.shared = False
+        """Other gateway replicas share the limits (``--state redis://``): count what is
+        charged here for them (``take_unshared``)."""
 
     def salt_for(self, name: str) -> str:
         return hmac.new(self.secret, name.encode(), hashlib.sha256).hexdigest()[:32]
@@ -154,15 +171,40 @@ class TenantTable:
                 retry_after_s=float(math.ceil(wait_s)),
             )
         tenant.in_flight += 1
+        if self.shared and tenant.tokens_per_minute > 0:
+            tenant.unshared += tokens
 
-    @staticmethod
-    def settle(tenant: Tenant, charged: int, used: int) -> None:
+    def settle(self, tenant: Tenant, charged: int, used: int) -> None:
         """Books what a request took once the engine's ``usage`` tells (``used``: its prompt
         and completion tokens) against what ``admit`` charged before it ran (its prompt and
         ``max_tokens``, 16 where a chat request set none and the engine may write thousands):
         a tokens-per-minute limit counts the tokens served, not the ones asked for."""
         if tenant.tokens_per_minute > 0:
-            tenant.bucket_tokens -= used - charged
+            TokenBucket.spend(tenant, used - charged, self.clock.now())
+            if self.shared:
+                tenant.unshared += used - charged
+
+    def take_unshared(self) -> dict[str, int]:
+        """Each limited tenant's tokens charged here since the last call (what the other
+        gateway replicas are told)."""
+        out = {}
+        for tenant in self._limited():
+            out[tenant.name] = tenant.unshared
+            tenant.unshared = 0
+        return out
+
+    def spent_elsewhere(self, spent: Mapping[str, int]) -> None:
+        """Tokens the other gateway replicas charged these tenants: taken from the buckets
+        here, so N replicas hold a tenant to its one limit (within a sync period's admits)."""
+        now_s = self.clock.now()
+        for name, tokens in spent.items():
+            tenant = self.default if name == DEFAULT_TENANT else self.by_name.get(name)
+            if tenant is not None and tokens:
+                TokenBucket.spend(tenant, tokens, now_s)
+
+    def _limited(self) -> list[Tenant]:
+        tenants = [self.default, *self.by_name.values()]
+        return [t for t in tenants if t.tokens_per_minute > 0]
 
     @staticmethod
     def release(tenant: Tenant) -> None:

@@ -20,8 +20,17 @@ GATEWAY_REQUESTS = "kvtide_gateway_requests_total"
 GATEWAY_FIRST_BYTE = "kvtide_gateway_first_byte_seconds"
 GATEWAY_IN_FLIGHT = "kvtide_gateway_replica_in_flight"
 GATEWAY_QUEUED = "kvtide_gateway_queued"
-GATEWAY_METRICS = (GATEWAY_REQUESTS, GATEWAY_FIRST_BYTE, GATEWAY_IN_FLIGHT, GATEWAY_QUEUED)
+GATEWAY_TENANT_TOKENS = "kvtide_gateway_tenant_tokens_total"
+GATEWAY_METRICS = (
+    GATEWAY_REQUESTS,
+    GATEWAY_FIRST_BYTE,
+    GATEWAY_IN_FLIGHT,
+    GATEWAY_QUEUED,
+    GATEWAY_TENANT_TOKENS,
+)
 DEVICE = 'tier="device"'
+CACHED_KIND = 'kind="cached"'
+PROMPT_KIND = 'kind="prompt"'
 EVICTED = 'cause="evicted"'
 
 
@@ -193,6 +202,27 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [
             ("{{replica}}", f"sum by (replica) ({_q(GATEWAY_IN_FLIGHT)})"),
             ("queued at the gateway", f"sum({_q(GATEWAY_QUEUED)})"),
+        ],
+    ),
+    (
+        "Engine prefix-cache hits by tenant (gateway)",
+        "percentunit",
+        [
+            (
+                "{{tenant}}",
+                f"sum by (tenant) (rate({_q(GATEWAY_TENANT_TOKENS, CACHED_KIND)}[5m]))"
+                f" / sum by (tenant) (rate({_q(GATEWAY_TENANT_TOKENS, PROMPT_KIND)}[5m]))",
+            )
+        ],
+    ),
+    (
+        "Tokens by tenant (gateway)",
+        "short",
+        [
+            (
+                "{{tenant}} {{kind}}",
+                f"sum by (tenant, kind) (rate({_q(GATEWAY_TENANT_TOKENS)}[5m]))",
+            )
         ],
     ),
 ]

@@ -29,13 +29,17 @@ pytestmark = [pytest.mark.timeout(120)]
 HISTORY = "The harbour master logs every vessel's draught, cargo and berth. " * 20
 
 
-def _reported(port: int) -> float:
+def _metric(port: int, series: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     for line in text.splitlines():
-        if line.startswith("kvtide_router_reported_cached_tokens_total"):
+        if line.startswith(series + " "):
             return float(line.split()[-1])
-    raise AssertionError("no kvtide_router_reported_cached_tokens_total in /metrics")
+    raise AssertionError(f"no {series} in /metrics")
+
+
+def _tenant(port: int, kind: str) -> float:
+    return _metric(port, f'kvtide_gateway_tenant_tokens_total{{kind="{kind}",tenant="default"}}')
 
 
 def test_the_gateway_reads_the_usage_of_a_stream_the_client_did_not_ask_for(
@@ -64,7 +68,8 @@ def test_the_gateway_reads_the_usage_of_a_stream_the_client_did_not_ask_for(
         c.chat.completions.create(model="m", messages=messages, max_tokens=4)  # type: ignore[arg-type]
         lines = access_log_lines(log, 4)
         bodies = backend_stats(bport)["bodies"]
-        reported = _reported(port)
+        reported = _metric(port, "kvtide_router_reported_cached_tokens_total")
+        by_tenant = {kind: _tenant(port, kind) for kind in ("prompt", "cached", "completion")}
     finally:
         gw.stop()
         be.stop()
@@ -88,6 +93,13 @@ def test_the_gateway_reads_the_usage_of_a_stream_the_client_did_not_ask_for(
     assert first["completion_tokens"] == second["completion_tokens"] == 4
     assert refused["status"] == 400 and whole["cached_tokens"] > 0
     assert reported == second["cached_tokens"] + whole["cached_tokens"]
+    # the tenant's tokens as the engine reported them, every answer counted
+    answered = (first, second, whole)
+    assert by_tenant == {
+        "prompt": sum(line["engine_prompt_tokens"] for line in answered),
+        "cached": sum(line["cached_tokens"] for line in answered),
+        "completion": sum(line["completion_tokens"] for line in answered),
+    }
 
 
 @pytest.mark.slow

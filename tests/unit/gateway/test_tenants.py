@@ -97,6 +97,31 @@ def test_the_bucket_is_charged_what_the_engine_reports_not_what_was_asked(
     assert unlimited.bucket_tokens == 0.0
 
 
+def test_tokens_charged_elsewhere_come_out_of_a_bucket_that_had_refilled(
+    tmp_path: Path,
+) -> None:
+    """Two gateway replicas' tables, exchanging what each charged (as ``SharedState`` does
+    through Redis): the second one's bucket, full after an idle hour, takes the first's
+    spending at once."""
+    clock = ManualClock(100.0)
+    entry = "tenants:\n" + _entry("a", "ka", "    tokens_per_minute: 600\n")
+    here, there = _table(tmp_path, entry, clock), _table(tmp_path, entry, clock)
+    here.shared = there.shared = True
+    a_here, a_there = here.authenticate("Bearer ka"), there.authenticate("Bearer ka")
+    there.admit(a_there, 10)
+    there.release(a_there)
+    clock.advance(3600.0)
+    here.admit(a_here, 300)
+    here.settle(a_here, 300, 500)
+    here.release(a_here)
+    spent = here.take_unshared()
+    assert spent == {"a": 500} and here.take_unshared() == {"a": 0}
+    there.spent_elsewhere(spent)
+    with pytest.raises(ApiError) as err:
+        there.admit(a_there, 200)  # 100 left of 600: 10 s to refill the rest
+    assert err.value.retry_after_s == 10.0
+
+
 def test_reload_keeps_counters_and_applies_new_limits(tmp_path: Path) -> None:
     table = _table(tmp_path, "tenants:\n" + _entry("a", "ka"))
     a = table.authenticate("Bearer ka")
