@@ -255,12 +255,13 @@ class Proxy:
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
                     exchange.first_token_s = self.now_s()
-                if USAGE_MARK in chunk:  # a usage object: the last chunk
+                if USAGE_MARK in chunk:  # a usage object: the last chunk, or every chunk
                     _usage(exchange, chunk)
-                    cached = _cached_tokens(chunk)
-                    if cached is not None:
-                        exchange.cached_tokens = cached
-                        self.router.report(route, decision, cached)
+                    if exchange.cached_tokens is None:  # the same in each: reported once
+                        cached = _cached_tokens(chunk)
+                        if cached is not None:
+                            exchange.cached_tokens = cached
+                            self.router.report(route, decision, cached)
                     if hider is not None:
                         chunk = hider.hide(chunk)
                 if chunk:
@@ -334,10 +335,11 @@ def _cached_tokens(body: bytes) -> int | None:
 
 def _usage(exchange: Exchange, data: bytes) -> None:
     """The engine's own counts, where ``data`` has a ``usage`` object, into the access log's
-    record: its ``prompt_tokens`` beside the gateway's tell whether the two tokenize alike."""
-    m = _PROMPT_TOKENS.search(data)
-    if m is not None:
-        exchange.engine_prompt_tokens = int(m.group(1))
-    m = _COMPLETION_TOKENS.search(data)
-    if m is not None:
-        exchange.completion_tokens = int(m.group(1))
+    record: its ``prompt_tokens`` beside the gateway's tell whether the two tokenize alike.
+    The last one in ``data`` counts: with usage in every chunk, one read may hold several."""
+    prompt = _PROMPT_TOKENS.findall(data)
+    if prompt:
+        exchange.engine_prompt_tokens = int(prompt[-1])
+    completion = _COMPLETION_TOKENS.findall(data)
+    if completion:
+        exchange.completion_tokens = int(completion[-1])

@@ -8,8 +8,9 @@ an earlier prompt under the same ``cache_salt``. Not a fake of an engine's timin
 emulated engine (``kvtide engine``) is that. Modes (``--mode``): ok, fail500 (every
 completion is a 500), stall (never answers). ``--prefill-delay S`` holds the first token S
 seconds; ``--role-first`` sends a chat stream's role chunk with the headers, before that delay
-(vLLM sends it with the first token). /stats shows what it saw, including aborts and each
-request's ``X-Request-Id``.
+(vLLM sends it with the first token); ``--usage-every-chunk`` puts usage in every streamed
+chunk, asked or not (vLLM's ``--enable-force-include-usage``). /stats shows what it saw,
+including aborts and each request's ``X-Request-Id``.
 
     python backend.py --port 8101 --model m [--tokens 8] [--token-delay 0.01] [--mode ok]
 """
@@ -35,7 +36,9 @@ class Backend:
         mode: str,
         prefill_s: float = 0.0,
         role_first: bool = False,
+        usage_every_chunk: bool = False,
     ) -> None:
+        self.usage_every_chunk = usage_every_chunk
         self.prefill_s = prefill_s
         self.role_first = role_first
         self.model = model
@@ -170,8 +173,10 @@ def build(b: Backend) -> web.Application:
                     "model": b.model,
                     "choices": [choice],
                 }
+                if b.usage_every_chunk:  # vLLM's --enable-force-include-usage
+                    chunk["usage"] = {**usage, "completion_tokens": i + 1}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            if include_usage:
+            if include_usage or b.usage_every_chunk:
                 chunk = {
                     "id": "cmpl-1",
                     "object": kind + ".chunk" if is_chat else kind,
@@ -209,10 +214,13 @@ def main() -> None:
     p.add_argument("--mode", default="ok", choices=("ok", "fail500", "stall"))
     p.add_argument("--prefill-delay", type=float, default=0.0)
     p.add_argument("--role-first", action="store_true")
+    p.add_argument("--usage-every-chunk", action="store_true", help="usage asked or not (vLLM's "
+                   "--enable-force-include-usage)")  # fmt: skip
     args = p.parse_args()
     backend = Backend(
-        args.model, args.tokens, args.token_delay, args.mode, args.prefill_delay, args.role_first
-    )
+        args.model, args.tokens, args.token_delay, args.mode, args.prefill_delay,
+        args.role_first, args.usage_every_chunk,
+    )  # fmt: skip
     app = build(backend)
     web.run_app(
         app,

@@ -102,6 +102,32 @@ def test_the_gateway_reads_the_usage_of_a_stream_the_client_did_not_ask_for(
     }
 
 
+def test_usage_in_every_chunk_reaches_the_client_and_is_counted_once(tmp_path: Path) -> None:
+    """An engine that sends usage unasked in every chunk (vLLM's force-include): the client
+    gets it as the engine sent it; the router, the tenant's tokens and the access log count
+    the request's cached tokens once, not once a chunk."""
+    log = tmp_path / "access.jsonl"
+    bport, port = free_port(), free_port()
+    be = backend(bport, "m", "--usage-every-chunk")
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--access-log", str(log))
+    try:
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        for _ in range(2):  # the second shares the first's prompt: cached tokens > 0
+            chunks = list(c.completions.create(model="m", prompt=HISTORY, max_tokens=5,
+                                               stream=True))  # fmt: skip
+        lines = access_log_lines(log, 2)
+        reported = _metric(port, "kvtide_router_reported_cached_tokens_total")
+        cached = _tenant(port, "cached")
+        completion = _tenant(port, "completion")
+    finally:
+        gw.stop()
+        be.stop()
+    assert [ch.usage.completion_tokens for ch in chunks if ch.usage] == [1, 2, 3, 4, 5, 5]
+    assert lines[1]["cached_tokens"] > 0 and lines[1]["completion_tokens"] == 5
+    assert reported == cached == lines[1]["cached_tokens"]
+    assert completion == 10
+
+
 @pytest.mark.slow
 def test_a_real_engines_stream_reaches_the_client_as_the_engine_sends_it_less_the_usage(
     tmp_path: Path,
