@@ -390,16 +390,19 @@ class Gateway:
             if exchange.completion_tokens is not None:  # the engine's usage: what it took
                 prompt_tokens = exchange.engine_prompt_tokens or prompt.prompt_tokens
                 self.tenants.settle(tenant, charged, prompt_tokens + exchange.completion_tokens)
-                self._count_usage(tenant.name, prompt_tokens, exchange)
+                self._count_usage(
+                    tenant.name, prompt_tokens, exchange.completion_tokens, exchange.cached_tokens
+                )
 
-    def _count_usage(self, tenant: str, prompt_tokens: int, exchange: Exchange) -> None:
+    def _count_usage(
+        self, tenant: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None
+    ) -> None:
         """A tenant's tokens as the engine reported them: its hit ratio is cached / prompt."""
         metrics = self.metrics
         metrics.child(metrics.tenant_tokens, tenant, "prompt").inc(prompt_tokens)
-        assert exchange.completion_tokens is not None
-        metrics.child(metrics.tenant_tokens, tenant, "completion").inc(exchange.completion_tokens)
-        if exchange.cached_tokens is not None:
-            metrics.child(metrics.tenant_tokens, tenant, "cached").inc(exchange.cached_tokens)
+        metrics.child(metrics.tenant_tokens, tenant, "completion").inc(completion_tokens)
+        if cached_tokens is not None:
+            metrics.child(metrics.tenant_tokens, tenant, "cached").inc(cached_tokens)
 
     async def _forward(
         self,

@@ -132,13 +132,11 @@ class SharedState:
             except (StateStoreError, TimeoutError, OSError) as exc:
                 self._failed(exc)
 
-    async def maintain(
-        self, in_flight: dict[ReplicaId, int], spent: dict[str, int] | None = None
-    ) -> None:
+    async def maintain(self, in_flight: dict[ReplicaId, int], spent: dict[str, int]) -> None:
         """One round: health, leases, load counters, tenants' tokens (``spent`` here since
         the last round: ``spent_elsewhere`` gets the others'); a recovery resyncs the leased
         engines."""
-        for tenant, tokens in (spent or {}).items():
+        for tenant, tokens in spent.items():
             self._unsent[tenant] = self._unsent.get(tenant, 0) + tokens
         self.spent_elsewhere = {}
         try:

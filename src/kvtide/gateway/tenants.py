@@ -64,26 +64,27 @@ class TokenBucket:
         rate = tenant.tokens_per_minute
         if rate <= 0:
             return None
-        per_s = rate / 60.0
-        level = min(rate, tenant.bucket_tokens + (now_s - tenant.bucket_s) * per_s)
-        tenant.bucket_s = now_s
+        level = TokenBucket._refilled(tenant, now_s)
         need = min(tokens, rate)  # a request above a minute's allowance waits for a full one
         if level >= need:
             tenant.bucket_tokens = level - tokens
             return None
-        tenant.bucket_tokens = level
-        return (need - level) / per_s
+        return (need - level) / (rate / 60.0)
 
     @staticmethod
     def spend(tenant: Tenant, tokens: float, now_s: float) -> None:
         """Takes ``tokens`` (a refund when negative) whether or not they are there: the
         bucket may go below empty, and the next requests wait until it refills."""
+        if tenant.tokens_per_minute > 0:
+            tenant.bucket_tokens = TokenBucket._refilled(tenant, now_s) - tokens
+
+    @staticmethod
+    def _refilled(tenant: Tenant, now_s: float) -> float:
+        """The bucket brought to ``now_s`` (at most a minute's allowance); its level."""
         rate = tenant.tokens_per_minute
-        if rate <= 0:
-            return
         level = min(rate, tenant.bucket_tokens + (now_s - tenant.bucket_s) * rate / 60.0)
-        tenant.bucket_s = now_s
-        tenant.bucket_tokens = level - tokens
+        tenant.bucket_tokens, tenant.bucket_s = level, now_s
+        return level
 
 
 class TenantTable:
