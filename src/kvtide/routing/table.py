@@ -2,14 +2,20 @@
 
 Why not a dict: a CPython dict entry plus its 64-bit int key costs 70-110 bytes, and most blocks
 live on one replica, so an index of dicts would spend ~100 bytes per (block, replica) entry.
-Here a slot is 8 bytes of key plus 8 bytes of mask per tier in use, in typed arrays: at the
-0.35-0.7 load kept below, that is 23-46 bytes per block with device masks only.
+Here a slot is 8 bytes of key plus 8 bytes of mask per tier in use, in typed arrays. A rebuild
+leaves the live keys at 0.2-0.4 of the slots (a power of two), and new keys and tombstones
+fill them to 0.6 before the next: 27-80 bytes per block with device masks only. The load is
+kept lower than a scalar table's because a prompt is a batch of keys probed together, mostly
+new under steady churn (a shadow index of one-off prompts, engines storing and evicting): at
+0.25-0.5 live and 0.7 in all, 10 kB one-off prompts took 7-17% more of the gateway's CPU
+(``bench/gateway_cpu.py --prompt-chars 10000 --unique-prompts``, two runs).
 
 Layout: linear probing over ``array('Q')`` keys (stored xor a constant so that the two reserved
 values, EMPTY = 0 and TOMBSTONE = 1, never stand for a real hash in practice); one mask word per
 64 replicas per tier. Single lookups are Python loops over the arrays (~0.2 µs); batches go
-through numpy views of the same memory. Deleted keys leave tombstones that a rebuild clears.
-"""
+through numpy views of the same memory while many keys are still probing, then the last few
+one at a time. Deleted keys leave tombstones: a new key takes the first one on its probe path
+(a lookup passes over it, live or dead, so no chain breaks), and a rebuild clears those left."""
 
 from __future__ import annotations
 
@@ -24,10 +30,14 @@ U64 = npt.NDArray[np.uint64]
 _XOR = 0x5BD1E9955BD1E995  # any constant works; real hashes equal to it or to it ^ 1 alias
 _EMPTY = 0
 _TOMB = 1
-_MAX_LOAD = 0.7  # slots in use (live + tombstones) before a rebuild
+_MAX_LOAD = 0.6  # slots in use (live + tombstones) before a rebuild
+_REBUILT_LOAD = 0.4  # the most live keys a rebuild leaves, as a share of its slots
 _MIN_SLOTS = 1024
 NUM_TIERS = 3
 SMALL_BATCH = 24  # below this many keys the scalar loop beats numpy's per-call overhead
+_STRAGGLERS = 64
+"""Keys still probing below which a batch finishes one key at a time: a numpy round costs
+~5 µs whatever its size, a scalar probe step ~0.1 µs."""
 
 
 def _pow2_at_least(n: int) -> int:
@@ -51,7 +61,7 @@ class BlockTable:
     )
 
     def __init__(self, capacity_blocks: int = _MIN_SLOTS, num_words: int = 1) -> None:
-        cap = _pow2_at_least(max(_MIN_SLOTS, int(capacity_blocks / 0.5)))
+        cap = _pow2_at_least(max(_MIN_SLOTS, int(capacity_blocks / _REBUILT_LOAD)))
         self.num_words = num_words
         self._alloc(cap)
 
@@ -207,7 +217,6 @@ class BlockTable:
                 missing = slots < 0
             slots[missing] = self._claim(keys[missing])
             self._num_live += num_new
-            self._num_used += num_new
         word = self._tier_words(tier)
         views = self._mv[tier]
         assert views is not None and word is not None
@@ -224,21 +233,28 @@ class BlockTable:
         for k in keys:
             m = self._mask
             i = k & m
+            tomb = -1
             while True:
                 x = table[i]
                 if x == k:
                     break
-                if x == _EMPTY:
-                    if self._num_used + 1 > _MAX_LOAD * self._cap:
+                if x == _TOMB:
+                    if tomb < 0:
+                        tomb = i
+                elif x == _EMPTY:
+                    if tomb >= 0:  # absent: it takes the first dead slot on its path
+                        i = tomb
+                    elif self._num_used + 1 > _MAX_LOAD * self._cap:
                         self._rebuild(self._num_live + 1)
                         table = self._keys
                         arr = self._tier_words(tier)[bit >> 6]
                         m = self._mask
                         i = k & m
                         continue
+                    else:
+                        self._num_used += 1
                     table[i] = k
                     self._num_live += 1
-                    self._num_used += 1
                     new += 1
                     break
                 i = (i + 1) & m
@@ -321,42 +337,67 @@ class BlockTable:
         return len(dead)
 
     def _find(self, keys: U64) -> npt.NDArray[np.int64]:
-        """Slots of ``keys`` (already xored), -1 where absent; vectorised linear probing."""
+        """Slots of ``keys`` (already xored), -1 where absent: vectorised linear probing while
+        many keys are still probing, then the few left one at a time. All-numpy, a batch
+        waited for its longest probe: at 0.5-0.7 load, 14 slots at the median for a 156-key
+        prompt and up to 74, one numpy round each (``_STRAGGLERS``)."""
         kv = self._kv
-        m = np.uint64(self._mask)
+        mask = self._mask
         out = np.full(len(keys), -1, dtype=np.int64)
         idx = np.arange(len(keys))
-        slots = (keys & m).astype(np.int64)
+        slots = (keys & np.uint64(mask)).astype(np.int64)
         probe_keys = keys
-        while idx.size:
+        while idx.size >= _STRAGGLERS:
             k = kv[slots]
             hit = k == probe_keys
             out[idx[hit]] = slots[hit]
             go = ~hit & (k != _EMPTY)
             idx = idx[go]
             probe_keys = probe_keys[go]
-            slots = (slots[go] + 1) & self._mask
+            slots = (slots[go] + 1) & mask
+        table = self._keys
+        for j, key, i in zip(idx.tolist(), probe_keys.tolist(), slots.tolist(), strict=True):
+            while True:
+                x = table[i]
+                if x == key:
+                    out[j] = i
+                    break
+                if x == _EMPTY:
+                    break
+                i = (i + 1) & mask
         return out
 
     def _claim(self, keys: U64) -> npt.NDArray[np.int64]:
-        """Inserts distinct absent ``keys``; returns their slots. Tombstones are not reused, so
-        a later lookup never stops short of a key (a rebuild clears them)."""
+        """Inserts distinct ``keys`` known to be absent, each in the first empty or dead slot
+        on its probe path; returns their slots. Vectorised while many keys are still looking,
+        then one at a time (as ``_find``)."""
         kv = self._kv
+        mask = self._mask
         out = np.empty(len(keys), dtype=np.int64)
         idx = np.arange(len(keys))
-        slots = (keys & np.uint64(self._mask)).astype(np.int64)
-        while idx.size:
-            free = np.flatnonzero(kv[slots] == _EMPTY)
+        slots = (keys & np.uint64(mask)).astype(np.int64)
+        empties = 0
+        while idx.size >= _STRAGGLERS:
+            free = np.flatnonzero(kv[slots] <= _TOMB)
             done = np.zeros(len(idx), dtype=bool)
             if free.size:
                 _, first = np.unique(slots[free], return_index=True)
                 win = free[first]
+                empties += int(np.count_nonzero(kv[slots[win]] == _EMPTY))
                 kv[slots[win]] = keys[idx[win]]
                 out[idx[win]] = slots[win]
                 done[win] = True
             keep = ~done
             idx = idx[keep]
-            slots = (slots[keep] + 1) & self._mask
+            slots = (slots[keep] + 1) & mask
+        table = self._keys
+        for j, i in zip(idx.tolist(), slots.tolist(), strict=True):
+            while table[i] > _TOMB:
+                i = (i + 1) & mask
+            empties += table[i] == _EMPTY
+            table[i] = int(keys[j])
+            out[j] = i
+        self._num_used += empties
         return out
 
     def _rebuild(self, need_live: int) -> None:
@@ -364,7 +405,7 @@ class BlockTable:
         live = np.flatnonzero(self._kv > _TOMB)
         keys = self._kv[live].copy()
         old = [None if v is None else [w[live].copy() for w in v] for v in self._mv]
-        self._alloc(_pow2_at_least(max(_MIN_SLOTS, 2 * need_live)))
+        self._alloc(_pow2_at_least(max(_MIN_SLOTS, int(need_live / _REBUILT_LOAD))))
         slots = self._claim(keys)
         self._num_live = self._num_used = len(keys)
         for tier, words in enumerate(old):

@@ -85,13 +85,15 @@ def test_index_fed_by_cache_events_predicts_what_every_cache_holds() -> None:
         assert dict(idx.match(p, exact=True).device) == expected
 
 
-def test_memory_per_entry_stays_under_64_bytes() -> None:
+def test_memory_per_entry_stays_under_80_bytes() -> None:
+    """A slot is 16 bytes (key, device mask) and a rebuild leaves 0.2-0.4 of them live: 80
+    bytes a block at most with one holder each (a dict would spend ~100 a (block, replica))."""
     rng = random.Random(9)
     idx = GlobalPrefixIndex()
     for i in range(64):
         idx.add(ReplicaId(f"r{i}"), random_prompt(rng, alphabet=1 << 30, max_blocks=2000))
     assert idx.num_entries() > 50_000
-    assert idx.bytes_per_entry() <= 64
+    assert idx.bytes_per_entry() <= 80
 
 
 def test_tiered_cache_events_give_each_tiers_prefix() -> None:
