@@ -73,17 +73,59 @@ def test_prefix_token_cache_equals_tokenizing_the_whole_prompt() -> None:
     assert cache.hits >= 6 * 3  # turn N reused turn N-1's ids
 
 
-def test_a_shared_system_prompt_is_tokenized_once_for_every_conversation() -> None:
-    tok = smollm2()
+class _CountingTokenizer:
+    """smollm2, counting the characters it was asked to encode."""
+
+    def __init__(self) -> None:
+        self.tok = smollm2()
+        self.encoded_chars = 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.encoded_chars += len(text)
+        return self.tok.encode(text, add_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return self.tok.apply_chat_template(messages, add_generation_prompt)
+
+
+def test_a_shared_system_prompt_is_kept_apart_from_its_second_conversation_on() -> None:
+    """The first conversation is tokenized whole (its system prompt might never come back),
+    the second keeps the system prompt apart, every later one tokenizes only its question."""
+    tok = _CountingTokenizer()
     cache = PrefixTokenCache(100_000)
     system = {"role": "system", "content": "Answer in one word. " * 40}
+    encoded = []
     for i in range(5):
         messages = [system, {"role": "user", "content": f"question {i}?"}]
-        direct = tok.encode(
+        direct = tok.tok.encode(
             tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False
         )
+        before = tok.encoded_chars
         assert cache.tokenize(tok, messages).tolist() == direct
-    assert (cache.misses, cache.hits) == (1, 4)
+        encoded.append(tok.encoded_chars - before)
+    assert (cache.misses, cache.hits) == (2, 3)
+    assert encoded[0] > len(system["content"]) and encoded[1] > len(system["content"])
+    assert max(encoded[2:]) < 100  # the question and its markup only
+
+
+def test_one_off_first_messages_are_held_once() -> None:
+    """Conversations that each open with a message of their own: one entry each, holding
+    each conversation's ids once (not again for its first message), and the doorkeeper stays
+    within its bound."""
+    tok = smollm2()
+    cache = PrefixTokenCache(1_000_000, max_firsts=8)
+    sizes = 0
+    for i in range(20):
+        messages = [
+            {"role": "system", "content": f"[{i}] You are a helpful assistant. " * 10},
+            {"role": "user", "content": "hi"},
+        ]
+        ids = cache.tokenize(tok, messages)
+        sizes += len(ids) - len(cache._generation_suffix(tok)[1])  # type: ignore[index]
+        assert len(cache._firsts) <= 8
+    assert len(cache) == 20 and cache.tokens == sizes
 
 
 _WORDS = ["ship", "parcel", "Zürich", "42", "\n", "  ", "don't", "—", "émigré", "x", "<|im_end|>"]
