@@ -167,6 +167,25 @@ class RadixTree:
             self._touch(path)
         return node, p >> 3
 
+    def cached_prefix_blocks(self, hashes: Sequence[int]) -> int:
+        """Blocks of the longest cached prefix of ``hashes``, a partly matched node's shared
+        blocks included, leaving the tree as it was (``match`` without ``touch`` stops above
+        such a node: it answers with a handle, this with a count)."""
+        raw = as_block_hashes(hashes).raw
+        node = self.root
+        p = 0
+        n = len(raw)
+        while p < n:
+            child = node.children.get(raw[p : p + 8])
+            if child is None:
+                break
+            key = child.key
+            if raw[p : p + len(key)] != key:
+                return (p >> 3) + _common_blocks(key, raw, p)
+            p += len(key)
+            node = child
+        return p >> 3
+
     def _touch(self, path: list[Node]) -> None:
         self.tick += 1
         tick = self.tick

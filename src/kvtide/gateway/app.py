@@ -113,8 +113,9 @@ class Gateway:
             config.timeouts.queue_s,
         )
         self.shadow: ShadowFleet | None = None
+        self.index: GlobalPrefixIndex | ShadowFleet
         if self.prompts.is_exact:
-            self.index: GlobalPrefixIndex = GlobalPrefixIndex()
+            self.index = GlobalPrefixIndex()
         else:
             self.shadow = ShadowFleet(
                 SHADOW_CAPACITY_BLOCKS,
@@ -122,7 +123,7 @@ class Gateway:
                 block_tokens=config.block_tokens,
                 ttl_s=SHADOW_TTL_S,
             )
-            self.index = self.shadow.index
+            self.index = self.shadow  # the shadow is its own index
         self.ctx = RoutingContext(
             block_tokens=config.block_tokens, clock=self.clock, index=self.index
         )
