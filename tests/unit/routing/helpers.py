@@ -7,6 +7,7 @@ import random
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.hashing import BlockHashes, hash_block_ids
+from kvtide.core.radix_tree import RadixTree
 from kvtide.types import ReplicaId
 
 SEED = 12345
@@ -34,8 +35,13 @@ def make_caches(n: int, capacity_blocks: int) -> dict[ReplicaId, KVCache]:
 
 def cached_hashes(cache: KVCache) -> set[int]:
     """Every block hash the cache holds (the ground truth, read from the tree)."""
+    return tree_hashes(cache.tree)
+
+
+def tree_hashes(tree: RadixTree) -> set[int]:
+    """Every block hash a radix tree holds."""
     out: set[int] = set()
-    stack = list(cache.tree.root.children.values())
+    stack = list(tree.root.children.values())
     while stack:
         node = stack.pop()
         out.update(BlockHashes(node.key).tolist())
