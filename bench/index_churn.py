@@ -4,14 +4,15 @@ index in the same run.
     nice python bench/index_churn.py ../shared/traces/mooncake_conversation.jsonl [--json out.json]
 
 Replays the trace's first ``--requests`` prompts into ``--replicas`` kvtide caches (LRU,
-``--capacity-blocks`` 16-token blocks each; a prompt goes to the replica its first four trace
-blocks hash to, so conversations keep their replica), each trace block of 512 tokens standing
-for 32 engine blocks, and records the caches' KV events: what engines under steady eviction
+``--capacity-blocks`` 16-token blocks each, hashed as the simulator hashes a trace's
+requests; a prompt goes to the replica its first four trace blocks hash to, so conversations
+keep their replica), and records the caches' KV events: what engines under steady eviction
 publish. Then times applying them, request by request, to a ``GlobalPrefixIndex`` (what the
-gateway's intake and the simulator's precise routers keep) and to the peer, a dict of block
-hash -> set of replicas (a Dynamo-style index), and checks that both end holding the same
-blocks per replica. Prints the medians of ``--runs`` runs in µs per request, their ratio,
-and bytes per (block, replica) entry (the peer's measured with tracemalloc).
+gateway's intake and the simulator's precise routers keep) and to the peer,
+``bench/route_decision.py``'s dict of block hash -> set of replicas (a Dynamo-style index),
+and checks that both end holding the same blocks per replica. Prints the medians of
+``--runs`` runs in µs per request, their ratio, and bytes per (block, replica) entry (the
+peer's measured with tracemalloc).
 """
 
 from __future__ import annotations
@@ -21,62 +22,21 @@ import json
 import statistics
 import time
 import tracemalloc
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
-from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from kvtide.core.hashing import hash_block_ids
+from kvtide.core.events import KVEvent
+from kvtide.core.hashing import request_block_hashes
 from kvtide.routing.index import GlobalPrefixIndex
-from kvtide.types import BlockHash, ReplicaId, Tier
+from kvtide.types import ReplicaId
 from kvtide.workloads import read_mooncake
 from revision import git_rev
+from route_decision import NaiveIndex
 
-SUB_BLOCKS = 32  # 16-token engine blocks in one of the trace's 512-token blocks
+BLOCK_TOKENS = 16  # the engines' block
 Batch = tuple[ReplicaId, list[KVEvent]]
-
-
-class NaiveIndex:
-    """The peer: block hash -> replicas holding it on their device tier."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[BlockHash, set[ReplicaId]] = {}
-
-    def apply_all(self, replica: ReplicaId, events: Sequence[KVEvent]) -> None:
-        blocks = self.blocks
-        for ev in events:
-            if isinstance(ev, BlockStored):
-                if ev.tier is not Tier.DEVICE:
-                    continue
-                for h in ev.block_hashes:
-                    held = blocks.get(h)
-                    if held is None:
-                        blocks[h] = {replica}
-                    else:
-                        held.add(replica)
-            elif isinstance(ev, BlockRemoved):
-                if ev.tier is not Tier.DEVICE:
-                    continue
-                for h in ev.block_hashes:
-                    held = blocks.get(h)
-                    if held is not None:
-                        held.discard(replica)
-                        if not held:
-                            del blocks[h]
-            elif isinstance(ev, AllBlocksCleared):
-                for h in [h for h, held in blocks.items() if replica in held]:
-                    blocks[h].discard(replica)
-                    if not blocks[h]:
-                        del blocks[h]
-
-    def replica_blocks(self) -> dict[ReplicaId, int]:
-        out: dict[ReplicaId, int] = {}
-        for held in self.blocks.values():
-            for r in held:
-                out[r] = out.get(r, 0) + 1
-        return out
 
 
 def engine_events(trace: Path, requests: int, replicas: int, capacity_blocks: int) -> list[Batch]:
@@ -93,11 +53,9 @@ def engine_events(trace: Path, requests: int, replicas: int, capacity_blocks: in
     for i, req in enumerate(read_mooncake(trace)):
         if i >= requests:
             break
-        trace_ids = req.block_ids or ()
-        ids = [b * SUB_BLOCKS + j for b in trace_ids for j in range(SUB_BLOCKS)]
-        hashes = hash_block_ids(ids[: req.prompt_tokens // 16], 7)
-        k = hash(trace_ids[:4]) % replicas
-        caches[k].access(hashes, 16 * len(hashes))
+        hashes = request_block_hashes(req, BLOCK_TOKENS, 7)
+        k = hash((req.block_ids or ())[:4]) % replicas
+        caches[k].access(hashes, BLOCK_TOKENS * len(hashes))
         out.append((names[k], caches[k].take_events()))
     return out
 

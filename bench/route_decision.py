@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from kvtide.clock import ManualClock
+from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.hashing import BlockHashes
 from kvtide.routing import (
     GlobalPrefixIndex,
@@ -42,7 +43,7 @@ from kvtide.routing import (
     RoutingPolicy,
     make_policy,
 )
-from kvtide.types import ReplicaId
+from kvtide.types import ReplicaId, Tier
 from revision import git_rev
 
 BLOCK_TOKENS = 16
@@ -100,7 +101,8 @@ def make_requests(
 
 
 class NaiveIndex:
-    """The peer: dict block hash -> set of replicas, walked block by block."""
+    """The peer: dict block hash -> set of replicas (device tier), walked block by block;
+    ``apply_all`` takes an engine's KV events (``bench/index_churn.py``)."""
 
     def __init__(self) -> None:
         self.blocks: dict[int, set[ReplicaId]] = {}
@@ -112,6 +114,31 @@ class NaiveIndex:
                 self.blocks[h] = {replica}
             else:
                 s.add(replica)
+
+    def remove(self, replica: ReplicaId, hashes: Iterable[int]) -> None:
+        blocks = self.blocks
+        for h in hashes:
+            s = blocks.get(h)
+            if s is not None:
+                s.discard(replica)
+                if not s:
+                    del blocks[h]
+
+    def apply_all(self, replica: ReplicaId, events: Sequence[KVEvent]) -> None:
+        for ev in events:
+            if isinstance(ev, BlockStored) and ev.tier is Tier.DEVICE:
+                self.add(replica, ev.block_hashes)
+            elif isinstance(ev, BlockRemoved) and ev.tier is Tier.DEVICE:
+                self.remove(replica, ev.block_hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                self.remove(replica, [h for h, s in self.blocks.items() if replica in s])
+
+    def replica_blocks(self) -> dict[ReplicaId, int]:
+        out: dict[ReplicaId, int] = {}
+        for s in self.blocks.values():
+            for r in s:
+                out[r] = out.get(r, 0) + 1
+        return out
 
     def overlaps(self, hashes: BlockHashes) -> dict[ReplicaId, int]:
         out: dict[ReplicaId, int] = {}
