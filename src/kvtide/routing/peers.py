@@ -117,7 +117,7 @@ class PeerSglang(BasePolicy):
             return _decision(self.name, "affinity", best, best_blocks, request, best_blocks / n)
         fleet = self.source.fleet
         assert fleet is not None
-        sizes = [fleet.num_blocks(r.replica_id) for r in cands]
+        sizes = [fleet.held_blocks(r.replica_id) for r in cands]
         r = cands[sizes.index(min(sizes))]
         return _decision(self.name, "explore", r, device.get(r.replica_id, 0), request, 0.0)
 

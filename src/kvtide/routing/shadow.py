@@ -159,8 +159,6 @@ class ShadowFleet:
         s = self._shadows.get(replica)
         return s.tree.num_cached_blocks if s is not None else 0
 
-    num_blocks = held_blocks
-
     def subscribe_removals(self, listener: RemovalListener) -> None:
         """``listener(replica, hashes)`` on every eviction from a shadow (``RemovalFeed``)."""
         self._removal_listeners.append(listener)
