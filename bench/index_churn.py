@@ -29,6 +29,7 @@ from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.events import KVEvent
 from kvtide.core.hashing import request_block_hashes
+from kvtide.errors import KvtideError
 from kvtide.routing.index import GlobalPrefixIndex
 from kvtide.types import ReplicaId
 from kvtide.workloads import read_mooncake
@@ -89,11 +90,17 @@ def main() -> None:
     args = p.parse_args()
     if not args.trace.is_file():
         p.error(f"trace: no such file: {args.trace}")
-    batches = engine_events(args.trace, args.requests, args.replicas, args.capacity_blocks)
+    for flag in ("requests", "replicas", "capacity_blocks", "runs"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    try:
+        batches = engine_events(args.trace, args.requests, args.replicas, args.capacity_blocks)
+    except KvtideError as exc:  # a malformed row: its file, line and field
+        p.error(str(exc))
     num_events = sum(len(events) for _, events in batches)
     print(
-        f"index_churn: rev {git_rev()} {len(batches)} requests, {num_events} events, "
-        f"{args.replicas} replicas of {args.capacity_blocks} blocks"
+        f"index_churn: rev {git_rev()}\n  {len(batches):,} requests, {num_events:,} events, "
+        f"{args.replicas} replicas of {args.capacity_blocks:,} blocks"
     )
     kvtide_us: list[float] = []
     naive_us: list[float] = []
@@ -119,8 +126,8 @@ def main() -> None:
         f"{result['kvtide_bytes_per_entry']:6.1f} B/entry\n"
         f"  naive dict of sets {result['naive_us_per_request']:8.0f} us/request  "
         f"{result['naive_bytes_per_entry']:6.1f} B/entry\n"
-        f"  kvtide/naive time {ratio:.2f}x"
-        f" over {result['entries']:,} (block, replica) entries at the end (medians of {args.runs})"
+        f"  kvtide/naive time {ratio:.2f}x (medians of {args.runs} runs)\n"
+        f"  {result['entries']:,} (block, replica) entries at the end"
     )
     if args.json:
         config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -63,3 +63,15 @@ def test_a_run_writes_its_json_and_a_missing_trace_is_one_line(tmp_path: Path) -
     )  # fmt: skip
     assert bad.returncode == 2
     assert "trace: no such file" in bad.stderr and "Traceback" not in bad.stderr
+    (tmp_path / "bad.jsonl").write_text('{"timestamp": 0}\n')
+    cases = [
+        ([str(tmp_path / "bad.jsonl")], "bad.jsonl:1: missing field 'input_length'"),
+        ([str(trace), "--replicas", "0"], "--replicas must be >= 1, got 0"),
+    ]
+    for args, says in cases:
+        bad = subprocess.run(
+            [sys.executable, str(BENCH / "index_churn.py"), *args],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr
+        assert says in bad.stderr
