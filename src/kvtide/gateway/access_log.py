@@ -94,6 +94,9 @@ class Exchange:
     failures: list[str] = field(default_factory=list)
     first_token_s: float | None = None
     """When the first output chunk went back, on the gateway's clock."""
+    answered: bool = False
+    """The client has its whole answer (a stream up to its ``data: [DONE]``): a disconnect
+    after it is the client closing its connection, not a request cancelled."""
     hide_usage: bool = False
     """The gateway asked the engine for this stream's usage, the client did not: the usage
     event is read and dropped from the client's stream (``gateway.usage``)."""

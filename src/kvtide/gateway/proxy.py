@@ -3,9 +3,10 @@
 A failure before the first byte (connect error, timeout, 5xx) books a failure against the
 replica and retries once on another one; after the first byte nothing is retried: the client
 gets one SSE error event and the end of the stream. Streams are written chunk by chunk as the
-engine sends them. A client that disconnects cancels the handler (``gateway.server`` watches
-for ``http.disconnect``), which closes the upstream connection, which aborts the engine's
-request.
+engine sends them; the client's stream ends at the engine's ``data: [DONE]``, and the engine's
+end of body is read after it, for the connection's reuse. A client that disconnects before its
+answer is whole cancels the handler (``gateway.server`` watches for ``http.disconnect``), which
+closes the upstream connection, which aborts the engine's request.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 # enabled."); kvtide engine's says the same
 _PRIORITY_OFF = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
 _PASSED_HEADERS = (b"content-type", b"cache-control")
+_DONE = b"data: [DONE]\n\n"
+"""The end of an OpenAI stream, as vLLM, SGLang and kvtide engine send it."""
 
 
 Chosen = tuple[Replica, RouteDecision]
@@ -264,9 +267,19 @@ class Proxy:
                             self.router.report(route, decision, cached)
                     if hider is not None:
                         chunk = hider.hide(chunk)
+                if chunk.endswith(_DONE):  # the client has it all: end its stream now
+                    exchange.answered = True
+                    await end_stream(send, chunk)
+                    break
                 if chunk:
                     await send_chunk(send, chunk)
-            if hider is not None and (rest := hider.rest()):
+            if exchange.answered:
+                # The engine's end of body follows its [DONE]: read it, so that the
+                # connection goes back to the pool. A client that closes meanwhile (the
+                # openai client does at [DONE]) cancels nothing (gateway.server).
+                while await resp.read_chunk():
+                    pass
+            elif hider is not None and (rest := hider.rest()):
                 if first:  # the engine ended inside an event: pass on what it sent
                     await start_stream(send, 200, headers)
                     first = False
@@ -274,6 +287,9 @@ class Proxy:
         except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc
+            if exchange.answered:  # the answer was whole: only its connection is lost
+                replica.succeeded()
+                return 200
             replica.failed(self.now_s())
             exchange.failures.append("mid_stream")
             self.metrics.upstream_errors.labels(replica.replica_id, "mid_stream").inc()
@@ -283,12 +299,14 @@ class Proxy:
         except asyncio.CancelledError:
             self.metrics.client_disconnects.inc()
             raise
+        replica.succeeded()
+        if exchange.answered:
+            return 200
         if first:  # an empty 200 stream: pass it on as such
             await start_stream(send, 200, headers)
         elif not booking.prefilled:  # no output chunk at all, yet the engine finished
             self.router.prefill_done(route, decision, on_time=False)
             booking.prefilled = True
-        replica.succeeded()
         await end_stream(send)
         return 200
 

@@ -229,6 +229,8 @@ class GatewayApp:
 
         def disconnected() -> None:
             nonlocal gone
+            if exchange.answered:  # the client closed after its answer (the openai client
+                return  # does at a stream's [DONE]) while the engine's connection drains
             gone = True
             task.cancel()
 

@@ -9,7 +9,8 @@ emulated engine (``kvtide engine``) is that. Modes (``--mode``): ok, fail500 (ev
 completion is a 500), stall (never answers). ``--prefill-delay S`` holds the first token S
 seconds; ``--role-first`` sends a chat stream's role chunk with the headers, before that delay
 (vLLM sends it with the first token); ``--usage-every-chunk`` puts usage in every streamed
-chunk, asked or not (vLLM's ``--enable-force-include-usage``). /stats shows what it saw,
+chunk, asked or not (vLLM's ``--enable-force-include-usage``); ``--tail-delay S`` holds a
+stream's end of body S seconds after its ``data: [DONE]``. /stats shows what it saw,
 including aborts and each request's ``X-Request-Id``.
 
     python backend.py --port 8101 --model m [--tokens 8] [--token-delay 0.01] [--mode ok]
@@ -37,7 +38,9 @@ class Backend:
         prefill_s: float = 0.0,
         role_first: bool = False,
         usage_every_chunk: bool = False,
+        tail_s: float = 0.0,
     ) -> None:
+        self.tail_s = tail_s
         self.usage_every_chunk = usage_every_chunk
         self.prefill_s = prefill_s
         self.role_first = role_first
@@ -187,6 +190,7 @@ def build(b: Backend) -> web.Application:
                 }
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
+            await asyncio.sleep(b.tail_s)
             await resp.write_eof()
             return resp
         except asyncio.CancelledError:
@@ -216,10 +220,11 @@ def main() -> None:
     p.add_argument("--role-first", action="store_true")
     p.add_argument("--usage-every-chunk", action="store_true", help="usage asked or not (vLLM's "
                    "--enable-force-include-usage)")  # fmt: skip
+    p.add_argument("--tail-delay", type=float, default=0.0)
     args = p.parse_args()
     backend = Backend(
         args.model, args.tokens, args.token_delay, args.mode, args.prefill_delay,
-        args.role_first, args.usage_every_chunk,
+        args.role_first, args.usage_every_chunk, args.tail_delay,
     )  # fmt: skip
     app = build(backend)
     web.run_app(

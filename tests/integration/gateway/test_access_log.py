@@ -5,9 +5,11 @@ refusals; the file reopened on SIGHUP (logrotate) and the last lines written on 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -89,6 +91,49 @@ def test_each_request_gets_a_line_with_its_route_and_the_engines_answer(tmp_path
     assert unauthorised["tenant"] is None and unauthorised["replica"] is None
     assert unknown["status"] == 404 and unknown["error"] == "model_not_found"
     assert unknown["tenant"] == "alpha" and unknown["replica"] is None
+
+
+def test_a_stream_ends_at_its_done_and_a_client_closing_then_is_no_disconnect(
+    tmp_path: Path,
+) -> None:
+    """The `openai` client closes its connection at ``data: [DONE]``. The engine here holds
+    its end of body 3 s after it: the client's stream still ends at [DONE], and its close is
+    neither a 499 in the log nor a disconnect nor an abort at the engine (the gateway reads
+    the engine's end of body after the client's stream has ended)."""
+    log = tmp_path / "access.jsonl"
+    bport, port = free_port(), free_port()
+    be = backend(bport, "m", "--tail-delay", "3")
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{bport}", "--access-log", str(log))
+    try:
+        text = "".join(
+            chunk.choices[0].text
+            for chunk in _client(port).completions.create(
+                model="m", prompt="Which berth?", max_tokens=3, stream=True
+            )
+            if chunk.choices
+        )
+        body = json.dumps({"model": "m", "prompt": "Which pier?", "max_tokens": 3, "stream": True})
+        raw = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body.encode(), method="POST"
+        )
+        start = time.monotonic()
+        with urllib.request.urlopen(raw, timeout=30) as resp:  # read to the end of body
+            events = resp.read()
+        whole_s = time.monotonic() - start
+        lines = access_log_lines(log, 2)
+        time.sleep(3.5)  # past the engine's tail: an abort would have been counted by now
+        stats = backend_stats(bport)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            metrics = resp.read().decode()
+    finally:
+        gw.stop()
+        be.stop()
+    assert text == "tok tok tok "
+    assert events.endswith(b"data: [DONE]\n\n") and events.count(b"tok ") == 3
+    assert [(line["status"], line["error"]) for line in lines] == [(200, None), (200, None)]
+    assert stats["requests"] == 2 and stats["aborted"] == 0
+    assert "kvtide_gateway_client_disconnects_total 0.0" in metrics
+    assert whole_s < 2.0, whole_s  # not held for the engine's 3 s tail
 
 
 def test_the_request_id_joins_the_line_the_engine_and_the_client(tmp_path: Path) -> None:
