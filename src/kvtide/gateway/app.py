@@ -485,8 +485,8 @@ class Gateway:
         replicas = []
         routable = 0
         for r in self.replicas:
-            ok = r.is_up  # full or in slow start, it is still routable
-            routable += ok
+            # full or in slow start, it is still routable; ready once it has answered
+            routable += r.is_up and r.answered
             intake = self.intakes.get(r.replica_id)
             replicas.append(
                 {
@@ -494,6 +494,7 @@ class Gateway:
                     "url": r.url,
                     "models": sorted(r.models),
                     "up": not r.is_down,
+                    "answered": r.answered,
                     "draining": r.draining,
                     "in_flight": r.in_flight,
                     # prompt tokens sent there whose prefill has not come back yet: the

@@ -111,6 +111,7 @@ class HealthChecker:
         if replica.spec.model:
             ids.add(replica.spec.model)
         replica.models = frozenset(ids)
+        replica.answered = True
         return True
 
     async def check(self, replica: Replica) -> None:
@@ -125,6 +126,7 @@ class HealthChecker:
                 await self.discover(replica)
             if not replica.is_down:
                 replica.consecutive_failures = 0
+                replica.answered = True
             return
         was_down = replica.is_down
         if not was_down:

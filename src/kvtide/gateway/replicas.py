@@ -21,6 +21,7 @@ PRIORITY_RETRY_S = 60.0
 class Replica:
     __slots__ = (
         "allowance",
+        "answered",
         "consecutive_failures",
         "draining",
         "eject_s",
@@ -46,6 +47,10 @@ class Replica:
         self.in_flight = 0
         self.consecutive_failures = 0
         self.is_down = False
+        self.answered = False
+        """It has answered once (its models, a health check or a request). Until then it is
+        routable (presumed up until ``eject_after`` failures) but not counted ready: an engine
+        still loading must not make a gateway ready that would answer 502."""
         self.ejected_until_s = 0.0
         self.eject_s = failover.eject_s
         self.allowance: int | None = None  # None: no slow-start cap
@@ -94,6 +99,7 @@ class Replica:
 
     def succeeded(self) -> None:
         self.consecutive_failures = 0
+        self.answered = True
         if self.allowance is not None:
             self.allowance *= 2
             if self.allowance >= 64:

@@ -67,6 +67,31 @@ def test_a_failing_replica_is_retried_elsewhere_then_ejected() -> None:
         good.stop()
 
 
+def test_an_engine_still_loading_keeps_the_gateway_live_but_not_ready() -> None:
+    """Started beside an engine that does not listen yet, the gateway answers /health but
+    /ready is 503 (its replica has never answered), and turns 200 once a health check
+    reaches the engine; then requests go through."""
+    engine_port, port = free_port(), free_port()
+    gw = gateway(port, "--replica", f"http://127.0.0.1:{engine_port}=m")
+    engine = None
+    try:
+        assert _get(f"http://127.0.0.1:{port}/health")[0] == 200
+        status, ready = _get(f"http://127.0.0.1:{port}/ready")
+        assert status == 503 and ready["ready"] is False
+        assert [(r["up"], r["answered"]) for r in ready["replicas"]] == [(True, False)]
+        engine = backend(engine_port)
+        deadline = time.monotonic() + 20  # the health check runs every 2 s
+        while (status := _get(f"http://127.0.0.1:{port}/ready")[0]) != 200:
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.1)
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        assert c.completions.create(model="m", prompt="p", max_tokens=2).choices[0].text
+    finally:
+        gw.stop()
+        if engine is not None:
+            engine.stop()
+
+
 def test_kill_9_of_an_engine_mid_run_leaves_no_request_hung() -> None:
     ports = [free_port(), free_port()]
     backs = [backend(p, "m", "--token-delay", "0.02", "--tokens", "25") for p in ports]
