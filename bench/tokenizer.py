@@ -1,6 +1,8 @@
 """Tokenizing prompts: kvtide's fast path (``kvtide.text.fast_bpe``) against Hugging Face
 ``tokenizers`` on the same SmolLM2 tokenizer, and against the fast path's own full pattern on
 the whole text (what it did before it cut around whitespace runs), on kinds of prompt text.
+The fast path is timed twice: as a list of ids (``encode``) and as the int32 array the gateway
+hashes (``encode_ids``, written by tiktoken with no list in between).
 
     nice python bench/tokenizer.py [--tokens 8000] [--runs 5] [--json FILE]
 
@@ -21,14 +23,19 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from kvtide.loadgen.prompts import one_token_vocabulary
-from kvtide.text import Tokenizer, smollm2
+from kvtide.text import Tokenizer, fast_bpe, smollm2
 from revision import git_rev
 
-SYSTEMS = ("kvtide fast path", "full pattern on the whole text", "hugging face tokenizers")
+SYSTEMS = (
+    "kvtide fast path",
+    "fast path, ids array",
+    "full pattern on the whole text",
+    "hugging face tokenizers",
+)
 SENTENCE_WORDS = ("the", "a", "ship", "left", "port", "at", "dawn", "and", "we", "nine", "of")
 
 
@@ -89,9 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokenizer: no fast path for smollm2 ({tok.fast_refusal})", file=sys.stderr)
         return 2
     print(f"bench/tokenizer.py rev {git_rev()} seed {args.seed} runs {args.runs}")
-    encoders: tuple[Callable[[str], list[int]], ...] = (
+
+    def full_pattern(text: str) -> Iterable[int]:
+        out = fast_bpe._IdsOut(as_arrays=False)
+        fast._split(out, fast._full, text, fast._raw, fast._normalized)
+        return out.to_list()
+
+    encoders: tuple[Callable[[str], Iterable[int]], ...] = (
         lambda t: tok.encode(t, add_special_tokens=False),
-        lambda t: fast._split(fast.encoding.encode_ordinary, t, fast._raw, fast._normalized),
+        lambda t: tok.encode_ids(t, add_special_tokens=False),  # what the gateway calls
+        full_pattern,
         lambda t: tok.backend.encode(t, add_special_tokens=False).ids,
     )
     systems = dict(zip(SYSTEMS, encoders, strict=True))
@@ -100,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in texts(tok, args.tokens, args.seed).items():
         expected = list(systems["hugging face tokenizers"](text))
         for system, encode in systems.items():
-            if list(encode(text)) != expected:
+            if [int(i) for i in encode(text)] != expected:
                 print(f"tokenizer: {system} gives other ids on {name!r}", file=sys.stderr)
                 return 1
         n = len(expected)

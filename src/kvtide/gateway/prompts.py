@@ -33,9 +33,14 @@ Ids = npt.NDArray[np.int32]
 
 
 def _ids(ids: list[int]) -> Ids:
-    """The one conversion of a tokenizer's list (~14 ns an id through ``fromiter``, ~17 through
-    ``np.array``); hashing reads int32 as is."""
-    arr = np.fromiter(ids, dtype=np.int32, count=len(ids))
+    """A tokenizer's list as the cache holds ids (~14 ns an id through ``fromiter``); the
+    prompt path asks for arrays (``encode_ids``) instead."""
+    return _frozen(np.fromiter(ids, dtype=np.int32, count=len(ids)))
+
+
+def _frozen(arr: Ids) -> Ids:
+    """Read-only: the prefix cache hands the same array to every request that shares it;
+    hashing reads int32 as is."""
     arr.flags.writeable = False
     return arr
 
@@ -50,6 +55,8 @@ class PromptTokenizer(Protocol):
     """What the gateway needs of ``kvtide.text.Tokenizer``."""
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def encode_ids(self, text: str, add_special_tokens: bool = True) -> npt.NDArray[np.int32]: ...
 
     def apply_chat_template(
         self, messages: Sequence[Any], add_generation_prompt: bool = True
@@ -153,7 +160,7 @@ class PromptHasher:
         tok = self.tokenizer
         if tok is None:
             return self._text(prompt, seed)
-        return self._tokens(tok.encode(prompt), seed, "prompt")
+        return self._tokens(tok.encode_ids(prompt), seed, "prompt")
 
     def _check_chars(self, size: int, param: str) -> None:
         if size > self.max_prompt_chars:
@@ -254,9 +261,9 @@ class PrefixTokenCache:
             return _join(self._conversation_ids(tok, key, conv, messages), suffix[1])
         conv = tok.apply_chat_template(messages, add_generation_prompt=False)
         if not full.startswith(conv):  # a template that rewrites history at the end
-            return _ids(tok.encode(full, add_special_tokens=False))
+            return _frozen(tok.encode_ids(full, add_special_tokens=False))
         ids = self._conversation_ids(tok, key, conv, messages)
-        return _join(ids, _ids(tok.encode(full[len(conv) :], add_special_tokens=False)))
+        return _join(ids, tok.encode_ids(full[len(conv) :], add_special_tokens=False))
 
     def _conversation_ids(
         self,
@@ -278,8 +285,8 @@ class PrefixTokenCache:
             text, prefix_ids = prior
             if conv.startswith(text):
                 self.hits += 1
-                rest = tok.encode(conv[len(text) :], add_special_tokens=False)
-                ids = _join(prefix_ids, _ids(rest))
+                rest = tok.encode_ids(conv[len(text) :], add_special_tokens=False)
+                ids = _join(prefix_ids, rest)
                 if k > 1:  # superseded by the longer entry stored below, which begins with it:
                     # without this a conversation of N turns held 1+2+...+N turns' ids
                     self._drop(key[:k])
@@ -304,11 +311,11 @@ class PrefixTokenCache:
         if len(messages) > 1 and self._seen_before(key[0]):
             first = tok.apply_chat_template(messages[:1], add_generation_prompt=False)
             if conv.startswith(first):
-                first_ids = _ids(tok.encode(first, add_special_tokens=False))
+                first_ids = _frozen(tok.encode_ids(first, add_special_tokens=False))
                 self._store(key[:1], first, first_ids)
-                rest = tok.encode(conv[len(first) :], add_special_tokens=False)
-                return _join(first_ids, _ids(rest))
-        return _ids(tok.encode(conv, add_special_tokens=False))
+                rest = tok.encode_ids(conv[len(first) :], add_special_tokens=False)
+                return _join(first_ids, rest)
+        return _frozen(tok.encode_ids(conv, add_special_tokens=False))
 
     def _seen_before(self, first: tuple[str, str]) -> bool:
         """Whether a conversation opened with ``first`` since the doorkeeper was last cleared

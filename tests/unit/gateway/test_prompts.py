@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,6 +85,10 @@ class _CountingTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         self.encoded_chars += len(text)
         return self.tok.encode(text, add_special_tokens)
+
+    def encode_ids(self, text: str, add_special_tokens: bool = True) -> npt.NDArray[np.int32]:
+        self.encoded_chars += len(text)
+        return self.tok.encode_ids(text, add_special_tokens)
 
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True

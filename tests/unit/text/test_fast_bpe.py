@@ -7,6 +7,7 @@ import random
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 import tiktoken
 from hypothesis import given, settings
@@ -90,6 +91,25 @@ def test_thousands_of_varied_texts(smol: Tokenizer) -> None:
     corpus = random_texts(4000)
     assert [smol.encode(t) for t in corpus] == [hf_ids(smol, t, True) for t in corpus]
     assert smol.encode_batch(corpus[:50]) == [hf_ids(smol, t, True) for t in corpus[:50]]
+
+
+def test_ids_arrays_are_the_lists_as_int32(smol: Tokenizer, other_pre: Tokenizer) -> None:
+    """``encode_ids`` (what the gateway hashes) against Hugging Face, through the fast path
+    and through Hugging Face itself (a byte the vocabulary lacks); the never-allowed special
+    token the tiktoken encodings carry is ordinary text when a text holds it."""
+    corpus = [*random_texts(500, seed=7), "", "<|im_start|>", fast_bpe.NEVER_SPECIAL, "a\x01b"]
+    corpus.append(f"<|im_start|>user\n{fast_bpe.NEVER_SPECIAL} and  runs\n\n<|im_end|>")
+    # long pieces, with and without runs, go through tiktoken's buffer (ARRAY_CHARS)
+    long = " ".join(random_texts(200, seed=8))
+    corpus += [long, f"<|im_start|>system\n{long}<|im_end|>\n<|im_start|>user\nq<|im_end|>"]
+    corpus.append("\n\n".join(long[i : i + 700] for i in range(0, len(long), 700)))
+    assert len(long) > 4 * fast_bpe.ARRAY_CHARS
+    for tok in (smol, other_pre):
+        for text in corpus:
+            for special in (False, True):
+                ids = tok.encode_ids(text, add_special_tokens=special)
+                assert ids.dtype == np.int32
+                assert ids.tolist() == hf_ids(tok, text, special), text
 
 
 def test_long_prose_and_code(smol: Tokenizer) -> None:
@@ -313,7 +333,10 @@ def test_text_with_whitespace_runs_is_cut_around_them_exactly(smol: Tokenizer) -
     assert len(corpus) > 300
     for text in corpus:
         if "<|" not in text:
-            assert fast._around_runs(text) == fast.encoding.encode_ordinary(text), text
+            for as_arrays in (False, True):  # long stretches written as arrays, or not
+                out = fast_bpe._IdsOut(as_arrays)
+                fast._around_runs(out, text)
+                assert out.to_list() == fast.encoding.encode_ordinary(text), text
         assert smol.encode(text, add_special_tokens=False) == hf_ids(smol, text), text
 
 
@@ -325,9 +348,9 @@ def test_the_cut_path_is_taken_only_for_text_with_runs(
     calls: list[str] = []
     around = fast._around_runs
 
-    def counted(text: str) -> list[int]:
+    def counted(out: fast_bpe._IdsOut, text: str) -> None:
         calls.append(text)
-        return around(text)
+        around(out, text)
 
     monkeypatch.setattr(fast, "_around_runs", counted)
     smol.encode("one space between words\nand lines")
