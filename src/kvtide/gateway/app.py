@@ -50,7 +50,7 @@ from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
 from kvtide.routing.shadow import ShadowFleet
 from kvtide.routing.specs import build_policy, parse_router
-from kvtide.text import Tokenizer, smollm2
+from kvtide.text import load_tokenizer
 from kvtide.types import ReplicaId
 
 log = logging.getLogger("kvtide.gateway")
@@ -58,14 +58,6 @@ log = logging.getLogger("kvtide.gateway")
 SHADOW_CAPACITY_BLOCKS = 65_536
 """Text mode: blocks each replica's shadow cache holds (an engine's KV is unknown here)."""
 SHADOW_TTL_S = 600.0
-
-
-def load_tokenizer(path: str) -> PromptTokenizer:
-    """A tokenizer directory (tokenizer.json + tokenizer_config.json), a GGUF file, or
-    ``smollm2``: SmolLM2-135M-Instruct's, the emulated engine's default."""
-    if path == "smollm2":
-        return smollm2()
-    return Tokenizer.load(path)
 
 
 class Gateway:

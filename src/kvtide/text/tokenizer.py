@@ -89,7 +89,9 @@ class Tokenizer:
         root = Path(path)
         file = root / "tokenizer.json"
         if not file.is_file():
-            raise ConfigError(f"{root}: no tokenizer.json (give a tokenizer directory or a .gguf)")
+            raise ConfigError(
+                f"{root}: no tokenizer.json (give a tokenizer directory, a .gguf, or smollm2)"
+            )
         try:
             backend = Backend.from_file(str(file))
         except Exception as exc:  # the Rust side raises a bare Exception for any bad file

@@ -189,3 +189,17 @@ def test_from_dir_bad_input_is_one_config_error(
             (tmp_path / name).write_text(content)
     with pytest.raises(ConfigError, match=match):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_load_tokenizer_reads_a_flag_the_same_everywhere(tmp_path: Path, smol: Tokenizer) -> None:
+    """``kvtide serve``, ``engine`` and ``load`` name a tokenizer the same way: ``smollm2`` or
+    nothing for SmolLM2's, else a directory or a GGUF; a wrong path is one ConfigError that
+    lists all three."""
+    from kvtide.text import load_tokenizer
+
+    assert load_tokenizer("smollm2") is load_tokenizer(None) is smol
+    root = write_dir(tmp_path / "tok", smol, {"chat_template": TEMPLATE})
+    from_dir = load_tokenizer(str(root))
+    assert from_dir is not smol and from_dir.encode("hello 12") == smol.encode("hello 12")
+    with pytest.raises(ConfigError, match=r"nope: no tokenizer.json \(.*or smollm2\)"):
+        load_tokenizer(tmp_path / "nope")
