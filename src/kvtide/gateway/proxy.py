@@ -44,6 +44,9 @@ _PRIORITY_OFF = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE
 _PASSED_HEADERS = (b"content-type", b"cache-control")
 _DONE = b"data: [DONE]\n\n"
 """The end of an OpenAI stream, as vLLM, SGLang and kvtide engine send it."""
+_AFTER_DONE_S = 2.0
+"""How long an engine gets to end its body after ``[DONE]`` before its connection is closed
+instead of reused (it has nothing more to send; the client's stream has ended already)."""
 
 
 Chosen = tuple[Replica, RouteDecision]
@@ -277,7 +280,7 @@ class Proxy:
                 # The engine's end of body follows its [DONE]: read it, so that the
                 # connection goes back to the pool. A client that closes meanwhile (the
                 # openai client does at [DONE]) cancels nothing (gateway.server).
-                while await resp.read_chunk():
+                while await resp.read_chunk(_AFTER_DONE_S):
                     pass
             elif hider is not None and (rest := hider.rest()):
                 if first:  # the engine ended inside an event: pass on what it sent
@@ -297,7 +300,8 @@ class Proxy:
             await end_stream(send, sse_error_event(err))
             return 200
         except asyncio.CancelledError:
-            self.metrics.client_disconnects.inc()
+            if not exchange.answered:  # after it: the drain's deadline, not the client
+                self.metrics.client_disconnects.inc()
             raise
         replica.succeeded()
         if exchange.answered:

@@ -186,9 +186,9 @@ class Response:
         self.status = conn.parser.get_status_code()
         self.headers = conn.headers
 
-    async def read_chunk(self) -> bytes:
-        """The body received since the last call, waiting up to ``read_s`` for some; b"" at
-        the end of the body."""
+    async def read_chunk(self, wait_s: float | None = None) -> bytes:
+        """The body received since the last call, waiting up to ``wait_s`` (default
+        ``read_s``) for some; b"" at the end of the body."""
         conn = self._conn
         while True:
             data = conn.take()
@@ -196,7 +196,7 @@ class Response:
                 return data
             if conn.complete:
                 return b""
-            await conn.wait(self._read_s)
+            await conn.wait(self._read_s if wait_s is None else wait_s)
 
     async def read(self, max_bytes: int | None = None) -> bytes:
         """The body (its first ``max_bytes`` when given)."""
