@@ -32,12 +32,6 @@ Ids = npt.NDArray[np.int32]
 """Token ids as the prefix cache holds and returns them: int32, read-only."""
 
 
-def _ids(ids: list[int]) -> Ids:
-    """A tokenizer's list as the cache holds ids (~14 ns an id through ``fromiter``); the
-    prompt path asks for arrays (``encode_ids``) instead."""
-    return _frozen(np.fromiter(ids, dtype=np.int32, count=len(ids)))
-
-
 def _frozen(arr: Ids) -> Ids:
     """Read-only: the prefix cache hands the same array to every request that shares it;
     hashing reads int32 as is."""
@@ -248,7 +242,7 @@ class PrefixTokenCache:
                 tail_ids = tok.encode(tail, add_special_tokens=False)
                 split = tok.encode(conv, add_special_tokens=False) + tail_ids
                 if split == tok.encode(full, add_special_tokens=False):
-                    suffix = (tail, _ids(tail_ids))
+                    suffix = (tail, _frozen(np.array(tail_ids, dtype=np.int32)))
             self._suffixes[key] = suffix
         return self._suffixes[key]
 

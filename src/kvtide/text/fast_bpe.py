@@ -126,11 +126,9 @@ class _IdsOut:
             self.ints = []
 
     def to_list(self) -> list[int]:
-        if not self.arrays:
-            return self.ints
-        self._flush()
-        out: list[int] = np.concatenate(self.arrays).tolist()
-        return out
+        """The ids gathered with ``as_arrays`` off (all in ``ints``)."""
+        assert not self.arrays
+        return self.ints
 
     def to_array(self) -> Ids:
         self._flush()
