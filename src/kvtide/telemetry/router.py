@@ -30,10 +30,11 @@ class HotPrefixes:
     counters whose top entries are the heavy hitters, in O(1) memory per counter.
 
     The counters are also filed by count (the paper's stream-summary), so a new prefix finds
-    the smallest counter at once: scanning all 64 for it cost ~9 us, paid by every request of
-    one-off traffic. Of several smallest counters, the one that reached that count first goes."""
+    the smallest counter among the distinct counts (a few), not among the 64 counters: that
+    scan cost ~9 us, paid by every request of one-off traffic. Of several smallest counters,
+    the one that reached that count first goes."""
 
-    __slots__ = ("_by_count", "_min", "capacity", "counts", "depth_blocks", "paths")
+    __slots__ = ("_by_count", "capacity", "counts", "depth_blocks", "paths")
 
     def __init__(self, capacity: int = 64, depth_blocks: int = 4) -> None:
         if capacity < 1:
@@ -44,8 +45,6 @@ class HotPrefixes:
         self.paths: dict[BlockHash, tuple[BlockHash, ...]] = {}
         self._by_count: dict[int, dict[BlockHash, None]] = {}
         """count -> the keys with it, in the order they reached it (a dict as an ordered set)."""
-        self._min = 0
-        """The smallest count held (once a key is counted)."""
 
     def add(self, hashes: Sequence[BlockHash]) -> None:
         depth = min(len(hashes), self.depth_blocks)
@@ -60,7 +59,7 @@ class HotPrefixes:
             if len(counts) < self.capacity:
                 n = 0
             else:  # replace the smallest counter, inheriting its count (the Space-Saving step)
-                n = self._min
+                n = min(self._by_count)  # as many keys as distinct counts: a few
                 victim = next(iter(self._by_count[n]))
                 del counts[victim], self.paths[victim]
                 self._leave(n, victim)
@@ -71,8 +70,6 @@ class HotPrefixes:
             self._by_count[n + 1] = {key: None}
         else:
             bucket[key] = None
-        if n == 0:
-            self._min = 1
 
     def _leave(self, n: int, key: BlockHash) -> None:
         """``key`` no longer counts ``n`` (it counts one more, or is replaced)."""
@@ -80,8 +77,6 @@ class HotPrefixes:
         del bucket[key]
         if not bucket:
             del self._by_count[n]
-            if n == self._min:  # the others count more, and so will the key moved up
-                self._min = n + 1
 
     def top(self, k: int) -> list[tuple[BlockHash, ...]]:
         """The ``k`` most counted prefixes, as block-hash paths from the root."""
