@@ -94,12 +94,18 @@ class Exchange:
     failures: list[str] = field(default_factory=list)
     first_token_s: float | None = None
     """When the first output chunk went back, on the gateway's clock."""
-    answered: bool = False
-    """The client has its whole answer (a stream up to its ``data: [DONE]``): a disconnect
-    after it is the client closing its connection, not a request cancelled."""
+    answered_s: float | None = None
+    """When the client had its whole answer (a stream up to its ``data: [DONE]``), on the
+    gateway's clock: a disconnect after it is the client closing its connection, not a
+    request cancelled, and the line's ``duration_ms`` ends here, not after the engine's end
+    of body (read afterwards, for the connection's sake)."""
     hide_usage: bool = False
     """The gateway asked the engine for this stream's usage, the client did not: the usage
     event is read and dropped from the client's stream (``gateway.usage``)."""
+
+    @property
+    def answered(self) -> bool:
+        return self.answered_s is not None
 
     @property
     def request_id_bytes(self) -> bytes:
@@ -114,6 +120,7 @@ class Exchange:
     def line(self, status: int, error: str | int | None, now_s: float) -> bytes:
         start = self.arrival_s
         ttft = self.first_token_s
+        end = now_s if self.answered_s is None else self.answered_s
         return orjson.dumps(
             {
                 "ts": round(self.ts, 3),
@@ -137,7 +144,7 @@ class Exchange:
                 "cached_tokens": self.cached_tokens,
                 "priority": self.priority,
                 "ttft_ms": None if ttft is None else round((ttft - start) * 1e3, 1),
-                "duration_ms": round((now_s - start) * 1e3, 1),
+                "duration_ms": round((end - start) * 1e3, 1),
             },
             option=orjson.OPT_APPEND_NEWLINE,
         )

@@ -271,7 +271,7 @@ class Proxy:
                     if hider is not None:
                         chunk = hider.hide(chunk)
                 if chunk.endswith(_DONE):  # the client has it all: end its stream now
-                    exchange.answered = True
+                    exchange.answered_s = self.now_s()
                     await end_stream(send, chunk)
                     break
                 if chunk:

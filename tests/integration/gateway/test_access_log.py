@@ -99,7 +99,8 @@ def test_a_stream_ends_at_its_done_and_a_client_closing_then_is_no_disconnect(
     """The `openai` client closes its connection at ``data: [DONE]``. The engine here holds
     its end of body 1 s after it: the client's stream still ends at [DONE], and its close is
     neither a 499 in the log nor a disconnect nor an abort at the engine (the gateway reads
-    the engine's end of body after the client's stream has ended)."""
+    the engine's end of body after the client's stream has ended); the log's durations end
+    at [DONE] too."""
     log = tmp_path / "access.jsonl"
     bport, port = free_port(), free_port()
     be = backend(bport, "m", "--tail-delay", "1")
@@ -134,6 +135,8 @@ def test_a_stream_ends_at_its_done_and_a_client_closing_then_is_no_disconnect(
     assert stats["requests"] == 2 and stats["aborted"] == 0
     assert "kvtide_gateway_client_disconnects_total 0.0" in metrics
     assert whole_s < 0.8, whole_s  # not held for the engine's 1 s tail
+    # the line's duration ends with the client's answer too, not at the engine's end of body
+    assert all(line["duration_ms"] < 800 for line in lines), lines
 
 
 def test_the_request_id_joins_the_line_the_engine_and_the_client(tmp_path: Path) -> None:

@@ -49,6 +49,20 @@ def test_lines_come_out_whole_and_in_order(statuses: list[int], flushes: int) ->
     assert all(line["duration_ms"] == 500.0 for line in lines)
 
 
+def test_a_duration_ends_when_the_client_had_its_answer(tmp_path: Path) -> None:
+    """A stream's line is written after the engine's end of body (read for the connection's
+    sake); its duration is the client's: arrival to the answer's end, when there was one."""
+    path = tmp_path / "a.jsonl"
+    log = AccessLog(str(path))
+    whole, cut = _exchange(0), _exchange(1)
+    whole.answered_s = 100.25  # arrived at 100.0
+    log.record(whole, 200, None, 102.0)
+    log.record(cut, 499, None, 103.0)  # arrived at 101.0, never answered
+    asyncio.run(log.close())
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["duration_ms"] for line in lines] == [250.0, 2000.0]
+
+
 def test_past_max_pending_lines_are_dropped_and_counted(tmp_path: Path) -> None:
     dropped: list[int] = []
     log = AccessLog(str(tmp_path / "a.jsonl"), max_pending=3, on_drop=dropped.append)
