@@ -26,6 +26,7 @@ from kvtide.errors import KvtideError
 from kvtide.gateway.access_log import AccessLog, Exchange
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
+from kvtide.gateway.heads import RoutedHeads
 from kvtide.gateway.health import HealthChecker
 from kvtide.gateway.intake import EventIntake
 from kvtide.gateway.metrics import GatewayMetrics
@@ -122,6 +123,9 @@ class Gateway:
         self.router = Router(build_policy(self._policy_spec(), self.ctx), [])
         for r in self.replicas:
             self.router.add_replica(r.state)
+        self.heads = RoutedHeads(
+            self.router.blocks_known, on_rest=self.metrics.prompt_head_rests.inc
+        )
         if config.tenant_secret:
             secret = config.tenant_secret.encode()
         else:
@@ -196,11 +200,38 @@ class Gateway:
         with ``--enable-request-id-headers``), the client back, the access log with the line."""
         return f"{self._id_prefix}{next(self._ids)}"
 
+    def prompt(self, body: dict[str, Any], is_chat: bool, seed: int) -> Prompt:
+        """The request's prompt identity: whole, or a head when what replicas hold of it ends
+        within the head (``gateway.heads``); a whole prompt first completes the heads it
+        reaches."""
+        head_blocks = self._head_blocks()
+        prompts = self.prompts
+        if is_chat:
+            prompt = prompts.chat(body, seed, head_blocks)
+        else:
+            prompt = prompts.completion(body, seed, head_blocks)
+        if prompt.whole is not None:
+            if self.router.held_blocks(prompt.hashes) < len(prompt.hashes):
+                self.metrics.prompt_heads.inc()
+                return prompt
+            prompt = prompt.whole()
+        self.heads.reached(prompt.hashes)
+        return prompt
+
+    def _head_blocks(self) -> int:
+        """Blocks of a cold prompt to hash (0: whole): the policy's ``cold_head_blocks``, in
+        token mode, when the index is this process's (a shared store's match is awaited
+        later, on the whole prompt)."""
+        if not self.config.cold_heads or not self.prompts.is_exact or self.shared is not None:
+            return 0
+        return self.router.cold_head_blocks or 0
+
     def route_request(
         self, prompt: Prompt, tenant: Tenant, max_tokens: int, request_id: str | None = None
     ) -> RouteRequest:
-        """What the router is told about a request (the handlers' one way to build it)."""
-        return RouteRequest(
+        """What the router is told about a request (the handlers' one way to build it); a
+        head's route is kept for the follow-up that reaches it (``heads``)."""
+        route = RouteRequest(
             block_hashes=prompt.hashes,
             prompt_tokens=prompt.prompt_tokens,
             block_tokens=self.config.block_tokens,
@@ -208,6 +239,9 @@ class Gateway:
             tenant=tenant.name,
             output_tokens=max_tokens,
         )
+        if prompt.whole is not None:
+            self.heads.add(route, prompt)
+        return route
 
     def choose(
         self, route: RouteRequest, model: str, exclude: ReplicaId | None = None
@@ -368,10 +402,9 @@ class Gateway:
         if stream:
             exchange.hide_usage = ask_usage(body)
         max_tokens = _max_tokens(body)
-        seed = self.seed(model, tenant.salt)
-        prompt = self.prompts.chat(body, seed) if is_chat else self.prompts.completion(body, seed)
+        prompt = self.prompt(body, is_chat, self.seed(model, tenant.salt))
         exchange.prompt_tokens = prompt.prompt_tokens
-        exchange.tokenized = self.prompts.is_exact
+        exchange.tokenized = self.prompts.is_exact and prompt.whole is None
         charged = prompt.prompt_tokens + max_tokens
         self.tenants.admit(tenant, charged)
         try:

@@ -171,6 +171,11 @@ class GatewayConfig:
     prefix_cache_tokens: int = 2_000_000
     """Token mode: token ids of conversation prefixes kept to skip retokenizing earlier turns
     (~8 bytes a token with the text kept beside them: ~16 MB at the default)."""
+    cold_heads: bool = True
+    """Token mode, local state: a prompt no replica holds is routed on its first blocks, the
+    rest tokenized only when a follow-up shares them (``gateway.heads``); its line's
+    ``prompt_tokens`` is then an estimate (``tokenized`` false). Off: every prompt is
+    tokenized whole."""
     limits: Limits = field(default_factory=Limits)
     timeouts: Timeouts = field(default_factory=Timeouts)
     failover: Failover = field(default_factory=Failover)
@@ -231,6 +236,10 @@ def from_mapping(raw: Mapping[str, Any], source: str = "config") -> GatewayConfi
             values[key] = _section(key, _SECTIONS[key], value)
         elif key == "replicas":
             values[key] = tuple(_replica(source, item) for item in value or ())
+        elif key == "cold_heads":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{source}: {key}: expected true or false, got {value!r}")
+            values[key] = value
         elif key in ("port", "block_tokens", "chunk_chars", "prefix_cache_tokens"):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"{source}: {key}: expected an integer, got {value!r}")

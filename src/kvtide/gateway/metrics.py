@@ -120,6 +120,17 @@ class GatewayMetrics:
             "Conversation prefixes the tokenization cache holds",
             registry=r,
         )
+        self.prompt_heads = Counter(
+            "kvtide_gateway_prompt_heads_total",
+            "Prompts routed on their first blocks, held nowhere further: the rest not tokenized "
+            "(token mode, cold_heads)",
+            registry=r,
+        )
+        self.prompt_head_rests = Counter(
+            "kvtide_gateway_prompt_head_rests_total",
+            "Heads whose rest was tokenized afterwards, for a follow-up that reached the head",
+            registry=r,
+        )
         self.access_log_dropped = Counter(
             "kvtide_gateway_access_log_dropped_total",
             "Access log lines lost: the writer fell behind (a stalled disk) or a write failed",

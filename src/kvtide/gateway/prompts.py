@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +52,10 @@ class PromptTokenizer(Protocol):
 
     def encode_ids(self, text: str, add_special_tokens: bool = True) -> npt.NDArray[np.int32]: ...
 
+    def encode_head(
+        self, text: str, min_tokens: int, add_special_tokens: bool = True
+    ) -> tuple[Ids, int, Callable[[], Ids]] | None: ...
+
     def apply_chat_template(
         self, messages: Sequence[Any], add_generation_prompt: bool = True
     ) -> str: ...
@@ -61,6 +65,35 @@ class PromptTokenizer(Protocol):
 class Prompt:
     hashes: BlockHashes
     prompt_tokens: int
+    whole: Callable[[], Prompt] | None = None
+    """Set on a head (``head_blocks``): ``hashes`` are the prompt's first blocks only and
+    ``prompt_tokens`` an estimate; ``whole()`` tokenizes the rest and gives the prompt."""
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The ids of a text's head, the text's length in tokens as the head's ratio estimates
+    it, and ``whole()``: every id (the rest tokenized then)."""
+
+    ids: Ids
+    estimated_tokens: int
+    whole: Callable[[], Ids]
+
+    @classmethod
+    def of(cls, text: str, got: tuple[Ids, int, Callable[[], Ids]]) -> Head:
+        """From ``Tokenizer.encode_head``'s answer for ``text``."""
+        head, cut, rest = got
+        return cls(head, estimate_tokens(len(head), cut, text), lambda: _join(head, rest()))
+
+    def then(self, suffix: Ids) -> Head:
+        """The same head with ``suffix``'s ids after the text (the generation prompt)."""
+        whole = self.whole
+        return Head(self.ids, self.estimated_tokens + len(suffix), lambda: _join(whole(), suffix))
+
+
+def estimate_tokens(head_tokens: int, cut: int, text: str) -> int:
+    """``text``'s tokens, its first ``cut`` characters holding ``head_tokens``."""
+    return round(head_tokens * len(text) / cut)
 
 
 def _text_of_content(content: object, where: str) -> str:
@@ -136,7 +169,11 @@ class PromptHasher:
     def is_exact(self) -> bool:
         return self.tokenizer is not None
 
-    def chat(self, body: Mapping[str, Any], seed: int) -> Prompt:
+    def chat(self, body: Mapping[str, Any], seed: int, head_blocks: int = 0) -> Prompt:
+        """``head_blocks``: a conversation the prefix cache has not seen and long enough to
+        cut may come back as a head of that many blocks (``Prompt.whole``), the rest not
+        tokenized: the caller asks for the whole where replicas hold all of the head
+        (``gateway.heads``)."""
         messages = chat_messages(body)
         size = sum(len(m["content"]) for m in messages)
         self._check_chars(size, "messages")
@@ -144,9 +181,20 @@ class PromptHasher:
         if tok is None:
             text = "".join(f"\x00{m['role']}\x00{m['content']}" for m in messages)
             return self._text(text, seed)
-        return self._tokens(self.prefix_cache.tokenize(tok, messages), seed, "messages")
+        extra = 64 * len(messages)  # the template's own text, generously
+        if (
+            head_blocks
+            and 4 * size + extra > self.max_prompt_tokens  # else it fits whatever the text
+            and not self._fits_untokenized((m["content"] for m in messages), extra)
+        ):
+            head_blocks = 0
+        ids = self.prefix_cache.tokenize(tok, messages, head_blocks * self.block_tokens)
+        if isinstance(ids, Head):
+            return self._head(ids, head_blocks, seed, "messages")
+        return self._tokens(ids, seed, "messages")
 
-    def completion(self, body: Mapping[str, Any], seed: int) -> Prompt:
+    def completion(self, body: Mapping[str, Any], seed: int, head_blocks: int = 0) -> Prompt:
+        """``head_blocks``: as for ``chat``, a text prompt long enough to cut."""
         prompt = completion_prompt(body)
         if isinstance(prompt, list):
             return self._tokens(prompt, seed, "prompt")
@@ -154,7 +202,26 @@ class PromptHasher:
         tok = self.tokenizer
         if tok is None:
             return self._text(prompt, seed)
+        if head_blocks and self._fits_untokenized((prompt,), 0):
+            got = tok.encode_head(prompt, head_blocks * self.block_tokens)
+            if got is not None:
+                return self._head(Head.of(prompt, got), head_blocks, seed, "prompt")
         return self._tokens(tok.encode_ids(prompt), seed, "prompt")
+
+    def _fits_untokenized(self, texts: Iterable[str], extra: int) -> bool:
+        """Whether the texts are within ``max_prompt_tokens`` however they tokenize: a token
+        holds at least one UTF-8 byte (``isascii`` is a flag CPython keeps: free). A prompt
+        that may not fit is tokenized whole, to refuse it with its count."""
+        bound = extra + sum(len(t) if t.isascii() else 4 * len(t) for t in texts)
+        return bound <= self.max_prompt_tokens
+
+    def _head(self, head: Head, blocks: int, seed: int, param: str) -> Prompt:
+        hashes = hash_tokens(head.ids, self.block_tokens, seed)[:blocks]
+
+        def whole() -> Prompt:
+            return self._tokens(head.whole(), seed, param)
+
+        return Prompt(hashes, head.estimated_tokens, whole)
 
     def _check_chars(self, size: int, param: str) -> None:
         if size > self.max_prompt_chars:
@@ -205,6 +272,11 @@ class PrefixTokenCache:
     The rendered text kept beside them for the prefix check is about as large again
     (one byte a character, ~4 characters a token).
 
+    An entry may hold a head only (``tokenize`` with ``head_tokens``: a prompt routed on its
+    first blocks, ``gateway.heads``): its text is the conversation's up to a cut where the ids
+    on either side are the whole text's, so the same conversation or its next turn extends it
+    by tokenizing what follows the cut.
+
     A conversation's first message (a system prompt, usually) is kept as an entry of its own
     once a second conversation opens with it: a doorkeeper of ``max_firsts`` hashes remembers
     the first messages seen once. Stored at first sight, a one-off first message (a batch job's,
@@ -218,6 +290,11 @@ class PrefixTokenCache:
         self.max_tokens = max_tokens
         self.max_firsts = max_firsts
         self._firsts: set[int] = set()
+        # heads (``_head``): the entry's whole conversation text, while the entry holds a head
+        self._head_convs: dict[tuple[tuple[str, str], ...], str] = {}
+        # heads a later turn extended, their whole ids: for the head's own ``whole()`` (its
+        # request's provisional entries), asked for just after; bounded, oldest out first
+        self._extended: OrderedDict[tuple[tuple[str, str], ...], Ids] = OrderedDict()
         self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, Ids]] = OrderedDict()
         self.tokens = 0
         """Token ids held now, over every entry: never above ``max_tokens``."""
@@ -246,17 +323,26 @@ class PrefixTokenCache:
             self._suffixes[key] = suffix
         return self._suffixes[key]
 
-    def tokenize(self, tok: PromptTokenizer, messages: list[dict[str, str]]) -> Ids:
+    def tokenize(
+        self, tok: PromptTokenizer, messages: list[dict[str, str]], head_tokens: int = 0
+    ) -> Ids | Head:
+        """The prompt's ids; or, with ``head_tokens``, for a conversation neither cached nor
+        opening with a first message seen before, a ``Head`` of at least that many tokens
+        (its entry holds the head until ``whole()`` or a later turn extends it)."""
         full = tok.apply_chat_template(messages, add_generation_prompt=True)
         key = tuple((m["role"], m["content"]) for m in messages)
         suffix = self._generation_suffix(tok)
         if suffix is not None and full.endswith(suffix[0]):
             conv = full[: len(full) - len(suffix[0])]
-            return _join(self._conversation_ids(tok, key, conv, messages), suffix[1])
+            ids = self._conversation_ids(tok, key, conv, messages, head_tokens)
+            if isinstance(ids, Head):
+                return ids.then(suffix[1])
+            return _join(ids, suffix[1])
         conv = tok.apply_chat_template(messages, add_generation_prompt=False)
         if not full.startswith(conv):  # a template that rewrites history at the end
             return _frozen(tok.encode_ids(full, add_special_tokens=False))
         ids = self._conversation_ids(tok, key, conv, messages)
+        assert not isinstance(ids, Head)  # asked for no head
         return _join(ids, tok.encode_ids(full[len(conv) :], add_special_tokens=False))
 
     def _conversation_ids(
@@ -265,12 +351,17 @@ class PrefixTokenCache:
         key: tuple[tuple[str, str], ...],
         conv: str,
         messages: list[dict[str, str]],
-    ) -> Ids:
+        head_tokens: int = 0,
+    ) -> Ids | Head:
         found = self._entries.get(key)
-        if found is not None and found[0] == conv:
+        if found is not None and conv.startswith(found[0]):
             self._entries.move_to_end(key)
             self.hits += 1
-            return found[1]
+            if len(found[0]) == len(conv):
+                return found[1]
+            # a head's entry (below): the rest of the text now, cut where the head was cut
+            rest = tok.encode_ids(conv[len(found[0]) :], add_special_tokens=False)
+            return self._stored(key, conv, _join(found[1], rest))
         ids: Ids | None = None
         for k in range(len(key) - 1, 0, -1):
             prior = self._entries.get(key[:k])
@@ -279,6 +370,14 @@ class PrefixTokenCache:
             text, prefix_ids = prior
             if conv.startswith(text):
                 self.hits += 1
+                head_conv = self._head_convs.get(key[:k])
+                if head_conv is not None and conv.startswith(head_conv):  # a head's turn
+                    # its own rest first, kept for its whole(): tokenized once, not twice
+                    more = tok.encode_ids(head_conv[len(text) :], add_special_tokens=False)
+                    prefix_ids = self._extended_head(key[:k], _join(prefix_ids, more))
+                    text = head_conv
+                    if k == 1:  # kept below: whole now
+                        self._store(key[:1], text, prefix_ids)
                 rest = tok.encode_ids(conv[len(text) :], add_special_tokens=False)
                 ids = _join(prefix_ids, rest)
                 if k > 1:  # superseded by the longer entry stored below, which begins with it:
@@ -289,9 +388,38 @@ class PrefixTokenCache:
             break
         if ids is None:
             self.misses += 1
-            ids = self._first_message_apart(tok, key, conv, messages)
-        self._store(key, conv, ids)
-        return ids
+            seen = len(messages) > 1 and self._seen_before(key[0])
+            if head_tokens and not seen:
+                got = tok.encode_head(conv, head_tokens, add_special_tokens=False)
+                if got is not None:
+                    return self._head(tok, key, conv, got)
+            ids = self._first_message_apart(tok, key, conv, messages, seen)
+        return self._stored(key, conv, ids)
+
+    def _head(
+        self,
+        tok: PromptTokenizer,
+        key: tuple[tuple[str, str], ...],
+        conv: str,
+        got: tuple[Ids, int, Callable[[], Ids]],
+    ) -> Head:
+        """A conversation's head, stored as the entry of its messages with the head's text:
+        the next turn (or the same request again) extends it, tokenizing only the rest (the
+        head was cut where the ids on both sides are the whole text's)."""
+        head, cut, _ = got
+        head = _frozen(head)
+        self._store(key, conv[:cut], head)
+        self._head_convs[key] = conv
+
+        def whole() -> Ids:
+            extended = self._extended.pop(key, None)  # by a later turn, just now
+            if extended is not None:
+                return extended
+            ids = self._conversation_ids(tok, key, conv, [])  # the entry, or extended now
+            assert not isinstance(ids, Head)  # asked for no head
+            return ids
+
+        return Head(head, estimate_tokens(len(head), cut, conv), whole)
 
     def _first_message_apart(
         self,
@@ -299,10 +427,12 @@ class PrefixTokenCache:
         key: tuple[tuple[str, str], ...],
         conv: str,
         messages: list[dict[str, str]],
+        seen: bool,
     ) -> Ids:
-        """A miss: a first message seen before (a system prompt shared by conversations) is
-        tokenized and stored on its own, then the rest; else the whole conversation at once."""
-        if len(messages) > 1 and self._seen_before(key[0]):
+        """A miss: a first message seen before (``seen``: a system prompt shared by
+        conversations) is tokenized and stored on its own, then the rest; else the whole
+        conversation at once."""
+        if seen:
             first = tok.apply_chat_template(messages[:1], add_generation_prompt=False)
             if conv.startswith(first):
                 first_ids = _frozen(tok.encode_ids(first, add_special_tokens=False))
@@ -326,10 +456,23 @@ class PrefixTokenCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def _extended_head(self, key: tuple[tuple[str, str], ...], ids: Ids) -> Ids:
+        """A head's whole ids, tokenized by a later turn, until the head's ``whole()`` (at
+        most 256 kept, outside ``max_tokens``: ~8 kB each for 2k-token prompts)."""
+        self._extended[key] = ids
+        while len(self._extended) > 256:
+            self._extended.popitem(last=False)
+        return ids
+
     def _drop(self, key: tuple[tuple[str, str], ...]) -> None:
+        self._head_convs.pop(key, None)
         gone = self._entries.pop(key, None)
         if gone is not None:
             self.tokens -= len(gone[1])
+
+    def _stored(self, key: tuple[tuple[str, str], ...], text: str, ids: Ids) -> Ids:
+        self._store(key, text, ids)
+        return ids
 
     def _store(self, key: tuple[tuple[str, str], ...], text: str, ids: Ids) -> None:
         if len(ids) > self.max_tokens:  # would evict everything and still not fit
@@ -338,5 +481,6 @@ class PrefixTokenCache:
         self._entries[key] = (text, ids)
         self.tokens += len(ids)
         while self.tokens > self.max_tokens:
-            _, (_, gone) = self._entries.popitem(last=False)
+            old, (_, gone) = self._entries.popitem(last=False)
+            self._head_convs.pop(old, None)
             self.tokens -= len(gone)

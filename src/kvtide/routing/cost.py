@@ -148,9 +148,10 @@ follow-up arriving before the engine's events still finds the replica that compu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from kvtide.core.hashing import BlockHashes
 from kvtide.errors import ConfigError
 from kvtide.routing.chash import (
     RingCache,
@@ -242,6 +243,10 @@ class CostAware(BasePolicy):
         self.index = ctx.require_index(self.name)
         self._held = self.index.held_blocks if isinstance(self.index, Occupancy) else None
         self.provisional = provisional_entries(ctx, provisional_hold_s) if provisional else None
+        # a prompt held nowhere beyond its key's blocks is routed on them (the match ends
+        # there; the key and the whole-prompt key read them); a follow-up's match through the
+        # provisional entries needs the rest (``on_blocks_known``)
+        self.cold_head_blocks = self.key_blocks
         self.model = ctx.ttft_model
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
         self._inflight: dict[int, int] = {}  # prefix key -> requests in flight
@@ -260,6 +265,18 @@ class CostAware(BasePolicy):
         if self.provisional is not None:
             match = self.provisional.merge(match, request.block_hashes)
         return match
+
+    def held_blocks(self, hashes: BlockHashes) -> int:
+        held = self.index.match(hashes).max_blocks
+        if self.provisional is not None:
+            self.provisional.expire()
+            held = max(held, *self.provisional.match(hashes).values(), 0)
+        return held
+
+    def on_blocks_known(self, request: RouteRequest, hashes: Callable[[], BlockHashes]) -> None:
+        entries = self.provisional
+        if entries is not None and request.request_id and entries.holds(request.request_id):
+            entries.extend(request.request_id, hashes())
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> RouteDecision:
         cands = self.healthy(replicas)

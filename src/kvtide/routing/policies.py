@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvtide.clock import Clock, require_clock
+from kvtide.core.hashing import BlockHashes
 from kvtide.errors import ConfigError, NoHealthyReplica
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.decision import RouteDecision
@@ -75,8 +76,25 @@ class BasePolicy:
 
     name = "base"
 
+    cold_head_blocks: int | None = None
+    """How many leading blocks of a prompt this policy reads to route it when no replica
+    holds (nor is expected to hold) all of them (``held_blocks``): then no replica holds any
+    later block either, and the gateway need not tokenize and hash the rest. None: it may
+    read every block, so every prompt is hashed whole."""
+
     def __init__(self, ctx: RoutingContext) -> None:
         self.ctx = ctx
+
+    def held_blocks(self, hashes: BlockHashes) -> int:
+        """The longest prefix of ``hashes`` a replica holds or is expected to hold, in blocks
+        (the hashes are chained and engines match from block 0: no replica holds a block
+        past it). This base knows nothing of holdings: all of them, so nothing is skipped."""
+        return len(hashes)
+
+    def on_blocks_known(self, request: RouteRequest, hashes: Callable[[], BlockHashes]) -> None:
+        """``request``, routed on its head, has the full blocks ``hashes()`` gives (its whole
+        prompt's), hashed later because a follow-up shares the head: called only when the
+        policy still has a use for them."""
 
     def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
         pass

@@ -37,14 +37,15 @@ from kvtide.types import BlockHash, ReplicaId
 class ProvisionalEntries:
     """Blocks a router expects replicas to hold because it sent them there."""
 
-    __slots__ = ("_expiring", "_held", "_hold_s", "_live", "_now")
+    __slots__ = ("_expiring", "_expiring_ids", "_held", "_hold_s", "_live", "_now")
 
     def __init__(self, now: Callable[[], float], hold_s: Callable[[], float]) -> None:
         self._now = now
         self._hold_s = hold_s
         self._held: dict[ReplicaId, dict[BlockHash, int]] = {}  # replica -> block hash -> refs
         self._live: dict[str, tuple[ReplicaId, list[BlockHash]]] = {}  # request id -> entry
-        self._expiring: deque[tuple[float, ReplicaId, list[BlockHash]]] = deque()
+        self._expiring: deque[tuple[float, ReplicaId, list[BlockHash], str]] = deque()
+        self._expiring_ids: dict[str, tuple[ReplicaId, list[BlockHash]]] = {}
 
     def __len__(self) -> int:
         """Blocks with at least one provisional holder (a union over replicas: for tests and
@@ -65,18 +66,42 @@ class ProvisionalEntries:
             held[h] = get(h, 0) + 1
         self._live[request_id] = (replica, blocks)
 
+    def holds(self, request_id: str) -> bool:
+        """Whether ``request_id`` has an entry, in flight or expiring."""
+        self.expire()
+        return request_id in self._live or request_id in self._expiring_ids
+
+    def extend(self, request_id: str, hashes: BlockHashes) -> None:
+        """``request_id``'s replica will hold ``hashes`` (its prompt's full blocks, known
+        after it was recorded with the first of them): its entry, in flight or expiring,
+        grows to them. Unknown or expired: nothing to do."""
+        entry = self._live.get(request_id) or self._expiring_ids.get(request_id)
+        if entry is None:
+            return
+        replica, blocks = entry
+        more = hashes[len(blocks) :].tolist()
+        held = self._held[replica]
+        get = held.get
+        for h in more:
+            held[h] = get(h, 0) + 1
+        blocks += more  # in place: the entry's list, wherever it is queued
+
     def done(self, request_id: str) -> None:
         """The request ended: its entry lasts ``hold_s`` more, for the events to land."""
         entry = self._live.pop(request_id, None)
         if entry is not None:
-            self._expiring.append((self._now() + self._hold_s(), *entry))
+            self._expiring.append((self._now() + self._hold_s(), *entry, request_id))
+            self._expiring_ids[request_id] = entry
         self.expire()
 
     def expire(self) -> None:
         now = self._now()
         q = self._expiring
         while q and q[0][0] <= now:
-            _, replica, blocks = q.popleft()
+            _, replica, blocks, request_id = q.popleft()
+            same = self._expiring_ids.get(request_id)
+            if same is not None and same[1] is blocks:  # not a later entry of the same id
+                del self._expiring_ids[request_id]
             held = self._held[replica]
             pop = held.pop
             for h in blocks:

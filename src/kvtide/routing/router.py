@@ -8,8 +8,9 @@ they come later, in a stream's last chunk), ``complete`` at the end. Policies an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from kvtide.core.hashing import BlockHashes
 from kvtide.errors import UsageError
 from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.decision import RouteDecision
@@ -118,6 +119,27 @@ class Router:
             # nothing of ours queued there: the prediction is the request's own prefill
             self._paced[id(request)] = (self._clock.now(), decision.ttft_s)
         return decision
+
+    @property
+    def cold_head_blocks(self) -> int | None:
+        """The leading blocks the policy reads of a prompt whose held prefix ends within them
+        (``held_blocks``); None where it may read them all (``BasePolicy.cold_head_blocks``)."""
+        policy = self.policy
+        return policy.cold_head_blocks if isinstance(policy, BasePolicy) else None
+
+    def held_blocks(self, hashes: BlockHashes) -> int:
+        """The longest prefix of ``hashes`` a replica holds or is expected to hold."""
+        policy = self.policy
+        return policy.held_blocks(hashes) if isinstance(policy, BasePolicy) else len(hashes)
+
+    def blocks_known(self, request: RouteRequest, hashes: Callable[[], BlockHashes]) -> None:
+        """``request`` was routed on its first blocks (``cold_head_blocks``); ``hashes()``
+        gives all of them, for a follow-up that shares the first: the policy's provisional
+        view of the replica it chose grows to them, as if it had had them when it routed
+        (``hashes`` is called only if the policy still holds entries for ``request``)."""
+        policy = self.policy
+        if isinstance(policy, BasePolicy):
+            policy.on_blocks_known(request, hashes)
 
     def _policy_of(self, request: RouteRequest) -> RoutingPolicy:
         """The policy that routed ``request``, which is ending now."""

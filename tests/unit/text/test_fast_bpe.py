@@ -357,3 +357,69 @@ def test_the_cut_path_is_taken_only_for_text_with_runs(
     assert calls == []
     smol.encode("<|im_start|>user\n hello<|im_end|>")
     assert calls == ["user\n hello"]
+
+
+# --- a text cut in two (``FastBpe.cut``, ``Tokenizer.encode_head``) ------------------------
+
+cut_texts = st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=4), st.sampled_from([" word", "x "])),
+    max_size=60,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(cut_texts, st.integers(0, 200))
+def test_a_cut_splits_a_text_into_the_ids_of_the_whole(
+    smol: Tokenizer, other_pre: Tokenizer, text: str, start: int
+) -> None:
+    """Wherever ``cut`` answers, the two sides' ids, each encoded alone, are the whole text's
+    as Hugging Face gives them; the pre-tokenizers it cannot cut (an isolating Split regex,
+    whose pieces may hold punctuation then newlines) never answer."""
+    for tok in (smol, other_pre):
+        fast = tok.fast
+        assert fast is not None
+        assert fast.cuts == (fast.single_space_encoding is not None)
+        cut = fast.cut(text, start)
+        if cut is None:
+            continue
+        assert start <= cut < len(text) and text[cut] == " " and not text[cut - 1].isspace()
+        left, right = hf_ids(tok, text[:cut]), hf_ids(tok, text[cut:])
+        assert left + right == hf_ids(tok, text), (text, cut)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cut_texts, st.integers(1, 40), st.booleans())
+def test_a_head_then_its_rest_are_the_whole_texts_ids(
+    smol: Tokenizer, other_pre: Tokenizer, text: str, min_tokens: int, special: bool
+) -> None:
+    for tok in (smol, other_pre):
+        got = tok.encode_head(text, min_tokens, add_special_tokens=special)
+        if got is None:
+            continue
+        head, cut, rest = got
+        assert len(head) >= min_tokens and 0 < cut < len(text)
+        whole = np.concatenate([head, rest()])
+        assert whole.dtype == np.int32
+        assert whole.tolist() == hf_ids(tok, text, special), (text, cut)
+
+
+def test_a_long_prompt_has_a_short_head(smol: Tokenizer, other_pre: Tokenizer) -> None:
+    """Prose, code and long words: a head of the tokens asked for or a few more, a small part
+    of the whole; none where the tokenizer cannot cut (the caller tokenizes it whole)."""
+    rng = random.Random(5)
+    prose = " ".join(
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(1, 12)))
+        for _ in range(3000)
+    )
+    code = "def f(x: int) -> int:\n    return x**2  # 12 34\n\n\n\tclass A:\n\t\tpass\n" * 100
+    long_words = " ".join("antidisestablishmentarianism" * 3 for _ in range(500))
+    for text in (prose, code, long_words):
+        whole = smol.encode_ids(text)
+        got = smol.encode_head(text, 256)
+        assert got is not None
+        head, _, rest = got
+        assert 256 <= len(head) <= len(whole) // 4, (len(head), len(whole))
+        assert np.concatenate([head, rest()]).tolist() == whole.tolist()
+    assert smol.encode_head("東京" * 2000, 256) is None  # no space to cut at
+    if not other_pre.fast or not other_pre.fast.cuts:
+        assert other_pre.encode_head(prose, 256) is None
