@@ -259,19 +259,19 @@ class CostAware(BasePolicy):
         self._holds_of: dict[tuple[int, ReplicaId], list[int]] = {}
 
     def prefix_match(self, request: RouteRequest) -> PrefixMatch:
-        match = request.prefix_match
-        if match is None:
-            match = self.index.match(request.block_hashes)
-        if self.provisional is not None:
-            match = self.provisional.merge(match, request.block_hashes)
-        return match
+        return self._match(request.block_hashes, request.prefix_match)
 
     def held_blocks(self, hashes: BlockHashes) -> int:
-        held = self.index.match(hashes).max_blocks
+        return self._match(hashes).max_blocks
+
+    def _match(self, hashes: BlockHashes, match: PrefixMatch | None = None) -> PrefixMatch:
+        """The index's answer for ``hashes`` (or ``match``, a shared store's), with this
+        router's provisional entries merged in."""
+        if match is None:
+            match = self.index.match(hashes)
         if self.provisional is not None:
-            self.provisional.expire()
-            held = max(held, *self.provisional.match(hashes).values(), 0)
-        return held
+            match = self.provisional.merge(match, hashes)
+        return match
 
     def on_blocks_known(self, request: RouteRequest, hashes: Callable[[], BlockHashes]) -> None:
         entries = self.provisional
