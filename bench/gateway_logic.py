@@ -165,11 +165,13 @@ def main() -> None:
     if args.tokenizer:
         res = token_mode(args)
         print(
-            f"token mode us/request: cold first turn {res['cold']:.0f}, first turn sharing a "
-            f"system prompt {res['shared_system']:.0f}, turns 2-5 {res['later_turns']:.0f} "
-            f"(turn 2 {res['second_turn']:.0f}, turns 3-5 {res['turns_3_5']:.0f}); "
-            f"peer (render + tokenize all, no routing) {res['peer']:.0f} "
-            f"-> turns 2-5 at {res['later_turns'] / res['peer']:.2f}x the peer"
+            f"token mode, us a request:\n"
+            f"  cold first turn {res['cold']:.0f}, first turn sharing a system prompt "
+            f"{res['shared_system']:.0f}\n"
+            f"  turns 2-5 {res['later_turns']:.0f} (turn 2 {res['second_turn']:.0f}, "
+            f"turns 3-5 {res['turns_3_5']:.0f})\n"
+            f"  peer (render + tokenize all, no routing) {res['peer']:.0f}: turns 2-5 at "
+            f"{res['later_turns'] / res['peer']:.2f}x the peer"
         )
     else:
         res = text_mode(args)
