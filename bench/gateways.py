@@ -35,12 +35,14 @@ skipped):
 3. hot prefixes: every request carries one of two long system prompts, engines batch at most
    ``--hot-max-seqs`` sequences so they queue: per engine, the share of requests served, and
    the fraction of samples (every 0.2 s from the engines' /metrics) in which some engine is
-   idle while requests wait, at another engine or in kvtide's own queue (its
-   ``kvtide_gateway_queued``), in all and while the requests are being sent
+   idle while requests queue, at another engine beyond its batch slots or in kvtide's own
+   queue (its ``kvtide_gateway_queued``), in all and while the requests are being sent
    (after the last send, an engine that finished its share idles beside another's queue
-   whatever the router did). As the workloads: fresh engines for each run,
-   ``--repeat`` rounds, one text per round for every gateway (which replicas the two prefixes
-   hash to decides whether they share engines), the ``kvtide cost:`` variants of ``--only``.
+   whatever the router did); and, apart, beside any request waiting, one that arrived
+   during an engine's iteration included (``count_samples``). As the workloads: fresh
+   engines for each run, ``--repeat`` rounds, one text per round for every gateway (which
+   replicas the two prefixes hash to decides whether they share engines), the ``kvtide
+   cost:`` variants of ``--only``.
 
 Prints its configuration and git revision, each table, and ratios against kvtide.
 """
@@ -318,6 +320,8 @@ def summed_hot_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "samples_with_queue",
         "samples_idle_while_queued",
         "samples_idle_while_queued_sending",
+        "samples_with_waiting",
+        "samples_idle_while_waiting",
     )
     out: dict[str, Any] = {key: sum(r[key] for r in runs) for key in summed}
     out["share_per_engine"] = [float(x) for x in np.mean([r["share_per_engine"] for r in runs], 0)]
@@ -649,18 +653,40 @@ Sample = tuple[bool, Sequence[tuple[float, float]], float]
 """(sent while sending, one (running, waiting) per engine, requests waiting at the gateway)"""
 
 
-def count_samples(samples: Sequence[Sample]) -> dict[str, int]:
+def count_samples(samples: Sequence[Sample], max_seqs: int) -> dict[str, int]:
     """The hot phase's counts from its samples: those with a queue somewhere, engines' or the
     gateway's, those where beside it an engine has nothing at all, and how many of each came
-    before the last request was sent."""
-    queued = [(sent, s) for sent, s, gw in samples if gw > 0 or any(w > 0 for _, w in s)]
-    idle = [sent for sent, s in queued if any(r + w == 0 for r, w in s)]
+    before the last request was sent.
+
+    A queue at an engine is what it cannot start for want of room: more requests than its
+    ``max_seqs`` batch slots (the hot phase's engines have KV for all of them). A request that
+    arrived during an iteration waits in the engine's ``waiting`` until the next one even with
+    slots free (vLLM's scheduler, and the emulated engine's, admit between iterations): that
+    is no queue, and a router that sends a prompt to the engine holding its prefix rather than
+    to an idle one that would prefill it cold is right to. Those samples are counted apart,
+    as ``samples_with_waiting`` and ``samples_idle_while_waiting`` (any request waiting
+    anywhere: the count before run 25)."""
+
+    def queued(s: Sequence[tuple[float, float]], gw: float) -> bool:
+        return gw > 0 or any(r + w > max_seqs for r, w in s)
+
+    def waiting(s: Sequence[tuple[float, float]], gw: float) -> bool:
+        return gw > 0 or any(w > 0 for _, w in s)
+
+    def idle(s: Sequence[tuple[float, float]]) -> bool:
+        return any(r + w == 0 for r, w in s)
+
+    with_queue = [(sent, s) for sent, s, gw in samples if queued(s, gw)]
+    idle_queued = [sent for sent, s in with_queue if idle(s)]
+    with_waiting = [s for _, s, gw in samples if waiting(s, gw)]
     return {
         "samples": len(samples),
         "samples_sending": sum(sent for sent, _, _ in samples),
-        "samples_with_queue": len(queued),
-        "samples_idle_while_queued": len(idle),
-        "samples_idle_while_queued_sending": sum(idle),
+        "samples_with_queue": len(with_queue),
+        "samples_idle_while_queued": len(idle_queued),
+        "samples_idle_while_queued_sending": sum(idle_queued),
+        "samples_with_waiting": len(with_waiting),
+        "samples_idle_while_waiting": sum(idle(s) for s in with_waiting),
     }
 
 
@@ -731,7 +757,7 @@ def hot_run(
         "requests": n,
         "errors": sum(not o.ok for o in outs),
         "share_per_engine": [served[e.url] / total for e in engines],
-        **count_samples(samples),
+        **count_samples(samples, args.hot_max_seqs),
         "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
     }
 
@@ -987,7 +1013,8 @@ def print_overhead(rows: dict[str, Any]) -> None:
 def print_hot(rows: dict[str, Any]) -> None:
     print(
         f"\nhot prefixes: {'gateway':<28}{'err':>5}{'share per engine':>26}"
-        f"{'queued':>8}{'idle+queued':>12}{'…sending':>10}{'TTFT p50':>10}{'p99':>9}"
+        f"{'queued':>8}{'idle+queued':>12}{'…sending':>10}{'waiting':>8}{'idle+waiting':>13}"
+        f"{'TTFT p50':>10}{'p99':>9}"
     )
     for gw, r in rows.items():
         share = " ".join(f"{s:.2f}" for s in r["share_per_engine"])
@@ -995,6 +1022,7 @@ def print_hot(rows: dict[str, Any]) -> None:
         print(
             f"  {gw:<40}{r['errors']:>5}{share:>26}{r['samples_with_queue']:>8}"
             f"{r['samples_idle_while_queued']:>12}{r['samples_idle_while_queued_sending']:>10}"
+            f"{r['samples_with_waiting']:>8}{r['samples_idle_while_waiting']:>13}"
             f"{_ms(t['p50']):>10}{_ms(t['p99']):>9}"
         )
 

@@ -19,7 +19,9 @@ from kvtide.routing.consistency import IndexHealth
 from kvtide.routing.index import GlobalPrefixIndex
 from kvtide.types import ReplicaId
 
+MAX_SEQS = 4
 BUSY, IDLE, QUEUED = (4.0, 0.0), (0.0, 0.0), (4.0, 3.0)
+STEP = (2.0, 1.0)  # one request arrived during an iteration, slots free: waiting, not queued
 
 
 def test_count_samples_counts_an_idle_engine_only_beside_a_queue() -> None:
@@ -29,24 +31,31 @@ def test_count_samples_counts_an_idle_engine_only_beside_a_queue() -> None:
         (True, [QUEUED, BUSY], 0.0),  # a queue, every engine busy
         (True, [QUEUED, IDLE], 0.0),  # idle beside a queue, while sending
         (False, [QUEUED, IDLE], 0.0),  # ... in the drain
-        (False, [(0.0, 2.0), BUSY], 0.0),  # an engine waiting with none running is not idle
+        (False, [(0.0, 5.0), BUSY], 0.0),  # an engine waiting with none running is not idle
         (True, [BUSY, IDLE], 0.0),  # the gateway's own queue empty: nobody waits
         (True, [BUSY, IDLE], 3.0),  # idle beside requests waiting at the gateway
         (True, [BUSY, BUSY], 3.0),  # waiting at the gateway, every engine busy
+        (True, [STEP, IDLE], 0.0),  # idle beside a request waiting for the next iteration
+        (True, [(3.0, 1.0), BUSY], 0.0),  # slots full once it starts: still no queue
+        (True, [(3.0, 2.0), IDLE], 0.0),  # one more than the slots: idle beside a queue
     ]
-    assert gateways.count_samples(samples) == {
-        "samples": 9,
-        "samples_sending": 7,
-        "samples_with_queue": 6,
-        "samples_idle_while_queued": 3,
-        "samples_idle_while_queued_sending": 2,
+    assert gateways.count_samples(samples, MAX_SEQS) == {
+        "samples": 12,
+        "samples_sending": 10,
+        "samples_with_queue": 7,
+        "samples_idle_while_queued": 4,
+        "samples_idle_while_queued_sending": 3,
+        "samples_with_waiting": 9,
+        "samples_idle_while_waiting": 5,
     }
 
 
 def test_summed_hot_row_sums_every_count_and_takes_medians() -> None:
     def run(idle_sending: int, p50: float | None) -> dict[str, object]:
         counts = gateways.count_samples(
-            [(True, [QUEUED, IDLE], 0.0)] * idle_sending + [(False, [QUEUED, IDLE], 0.0)]
+            [(True, [QUEUED, IDLE], 0.0)] * idle_sending
+            + [(False, [QUEUED, IDLE], 0.0), (True, [STEP, IDLE], 0.0)],
+            MAX_SEQS,
         )
         ttft = {"p50": p50, "p99": None if p50 is None else 2 * p50}
         return {
@@ -59,9 +68,10 @@ def test_summed_hot_row_sums_every_count_and_takes_medians() -> None:
 
     rows = [run(1, 0.010), run(2, 0.030), run(0, None)]
     out = gateways.summed_hot_row(rows)
-    assert (out["requests"], out["errors"], out["samples"]) == (30, 3, 6)
-    assert (out["samples_sending"], out["samples_idle_while_queued_sending"]) == (3, 3)
+    assert (out["requests"], out["errors"], out["samples"]) == (30, 3, 9)
+    assert (out["samples_sending"], out["samples_idle_while_queued_sending"]) == (6, 3)
     assert out["samples_idle_while_queued"] == 6
+    assert (out["samples_with_waiting"], out["samples_idle_while_waiting"]) == (9, 9)
     assert out["share_per_engine"] == [0.25, 0.75]
     assert out["ttft_s"] == {"p50": 0.020, "p99": 0.040}  # runs without a TTFT left out
     assert out["runs"] == rows
