@@ -1,5 +1,6 @@
-"""bench/gateways.py's hot phase: how its engine samples are counted and summed over rounds,
-and that the drain after the last send is told apart from the sending."""
+"""bench/gateways.py's hot and overhead phases: how the hot samples are counted and summed
+over rounds, that the drain after the last send is told apart from the sending, and that the
+overhead phase sends the requests it asks for."""
 
 from __future__ import annotations
 
@@ -197,3 +198,14 @@ def test_the_workloads_phase_reads_a_kvtide_gateways_decisions_by_reason() -> No
     decisions, index = asyncio.run(main())
     assert decisions == {"hot": 5, "affinity": 4}
     assert index == {"predicted_tokens": 960, "reported_tokens": 480, "evicted_queued_tokens": 480}
+
+
+def test_the_overhead_phase_gets_as_many_bodies_as_it_asks_for() -> None:
+    """Its 1,000 requests were 141 before run 25 (the workload's 48 sessions ran out), and its
+    CPU per request was divided by 1,000."""
+    for n in (10, 1000):
+        bodies = gateways.chat_bodies(n, 0, 2)
+        assert len(bodies) == n
+        assert all(b["messages"] and b["max_tokens"] == 2 for b in bodies)
+    histories = [len(b["messages"]) for b in gateways.chat_bodies(1000, 0, 2)]
+    assert max(histories) > 2  # later turns carry their conversation, not first turns only
