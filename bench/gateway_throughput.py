@@ -481,9 +481,11 @@ def measure(
     out["served_per_backend"] = served
     if args.rate > 0:
         targets = [b.url for b in backends] if front.child is None else [url]
+        cpu0 = front.cpu_s()
         lat, errors = asyncio.run(
             open_loop(targets, bodies, args.rate, args.rate_duration, args.seed + run)
         )
+        cpu_s = front.cpu_s() - cpu0
         lat.sort()
         out["open"] = {
             "rate": args.rate,
@@ -491,6 +493,9 @@ def measure(
             "errors": errors,
             "p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
             "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3 if lat else None,
+            # at a fixed rate every request pays the loop's wake-ups alone: dearer than at
+            # the closed loop's best concurrency, where they are shared
+            "cpu_us_per_request": cpu_s / max(1, len(lat) + errors) * 1e6 if front.child else None,
         }
     return out
 
@@ -528,7 +533,8 @@ def summarize(runs: Sequence[dict[str, Any]], concurrency: Sequence[int]) -> dic
     }
     if "open" in runs[0]:
         out["open"] = {
-            k: _median([r["open"][k] for r in runs]) for k in ("p50_ms", "p99_ms", "errors")
+            k: _median([r["open"].get(k) for r in runs])
+            for k in ("p50_ms", "p99_ms", "errors", "cpu_us_per_request")
         }
     return out
 
@@ -538,8 +544,8 @@ req/s: wrk's, closed loop. p50/p99: wrk's, at the highest concurrency. CPU: the 
 process's (all threads) per request, at the concurrency of its best req/s; stand-in: the
 backends' CPU per request there (they share core 1 with wrk). spread: max/mean of
 requests per backend in the last run (1.00 = even). added: the open-loop sender's p50/p99
-through the gateway minus straight to the backends. kvtide/it: kvtide cost (text)'s best req/s
-over this gateway's."""
+through the gateway minus straight to the backends; CPU @rate: the gateway's per request
+then. kvtide/it: kvtide cost (text)'s best req/s over this gateway's."""
 
 
 def print_table(med: dict[str, dict[str, Any]], concurrency: Sequence[int], rate: float) -> None:
@@ -549,7 +555,8 @@ def print_table(med: dict[str, dict[str, Any]], concurrency: Sequence[int], rate
     last = concurrency[-1]
     print(
         f"\n{'gateway':<28}{cols}{'p50/p99 ms c=' + str(last):>18}{'CPU us/req':>11}"
-        f"{'stand-in':>9}{'spread':>7}{f'added p50/p99 ms @{rate:g}/s':>26}{'kvtide/it':>10}"
+        f"{'stand-in':>9}{'spread':>7}{f'added p50/p99 ms @{rate:g}/s':>26}"
+        f"{'CPU @rate':>10}{'kvtide/it':>10}"
     )
     for name, m in med.items():
         closed = m["closed"]
@@ -570,7 +577,12 @@ def print_table(med: dict[str, dict[str, Any]], concurrency: Sequence[int], rate
         elif o and name == DIRECT and o["p50_ms"] is not None:
             added = f"(direct {o['p50_ms']:.2f}/{o['p99_ms']:.2f})"
         ratio = f"x{ours / m['max_rps']:.2f}" if ours and m["max_rps"] else "-"
-        print(f"{name:<28}{rps}{lat:>18}{cpu_s:>11}{stand_in:>9}{spread:>7}{added:>26}{ratio:>10}")
+        open_cpu = o.get("cpu_us_per_request") if o else None
+        at_rate = "-" if open_cpu is None else f"{open_cpu:.0f}"
+        print(
+            f"{name:<28}{rps}{lat:>18}{cpu_s:>11}{stand_in:>9}{spread:>7}{added:>26}"
+            f"{at_rate:>10}{ratio:>10}"
+        )
     print(LEGEND)
 
 
