@@ -207,5 +207,5 @@ def test_the_overhead_phase_gets_as_many_bodies_as_it_asks_for() -> None:
         bodies = gateways.chat_bodies(n, 0, 2)
         assert len(bodies) == n
         assert all(b["messages"] and b["max_tokens"] == 2 for b in bodies)
-    histories = [len(b["messages"]) for b in gateways.chat_bodies(1000, 0, 2)]
-    assert max(histories) > 2  # later turns carry their conversation, not first turns only
+    # later turns carry their conversation, not first turns only
+    assert max(len(b["messages"]) for b in bodies) > 2
