@@ -106,8 +106,11 @@ class EventIntake:
         poll_s: float = 1.0,
         after_commit: Callable[[ReplicaId, list[Op]], Awaitable[None]] | None = None,
         health: IndexHealth | None = None,
+        on_batches: Callable[[int], None] | None = None,
     ) -> None:
         self.replica = replica
+        self.on_batches = on_batches
+        """Told how many batches each poll received (the gateway's counter)."""
         self.health = health
         self.index = index
         self._own_executor = executor is None
@@ -235,6 +238,8 @@ class EventIntake:
                     if self.after_commit is not None:
                         await self.after_commit(self.replica, ops)
                 self.stats.batches += got
+                if got and self.on_batches is not None:
+                    self.on_batches(got)
                 self.stats.epochs = self.ingest.num_epochs
                 self.stats.resyncs = self.ingest.counters.resyncs
                 self.stats.gaps = self.ingest.counters.gaps

@@ -87,6 +87,14 @@ def test_event_fed_index_predicts_the_engines_hits_and_tenants_stay_apart(
         time.sleep(0.1)
     else:
         pytest.fail(f"no KV events reached the gateway: {ready}")
+    # the counter an operator reads says so too (it was declared and never counted)
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        counted = [
+            float(line.rsplit(" ", 1)[1])
+            for line in resp.read().decode().splitlines()
+            if line.startswith("kvtide_gateway_kv_event_batches_total{")
+        ]
+    assert sum(counted) >= sum(r["events"]["batches"] for r in ready["replicas"]) > 0
     time.sleep(0.3)
     predicted_before = _metric(url, "kvtide_gateway_predicted_cached_tokens_total")
     cached = _chat(url, "alpha", "Where is parcel 2?")
