@@ -603,7 +603,7 @@ def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     # 48 sessions gave 141 requests (those whose turns fall within the 60 s): before run 25
     # the phase sent that many, whatever n
     workload = open_workload(SMALL_CHAT.format(s=max(48, n // 2), d=60, t=5), limit=n, seed=seed)
-    builder = PromptBuilder(smollm2(), seed)
+    builder = PromptBuilder(smollm2(), seed, ids_as_words=True)  # as run_load for a built-in
     out = []
     for request in workload:
         prompt = builder.build(request)

@@ -6,7 +6,12 @@ A block id's text is ``block_tokens`` words drawn by a generator seeded with (se
 from the tokenizer's one-token words (a space and lowercase ASCII letters that encode to a single
 id, as in " harbour"). A byte-level BPE's pre-tokenizer splits before every such word, so a
 block's text is exactly ``block_tokens`` tokens and blocks stay aligned to token positions;
-other tokenizers get close. A token-level trace's ids are detokenized instead.
+other tokenizers get close. A token-level trace's ids are detokenized instead; synthetic ids
+(a built-in workload's, ``ids_as_words``) become one word each, the word an id picks from the
+same pool: random ids drawn over a vocabulary detokenize into glued pieces no one writes
+("assicconcept enjoy Battorneys"), on which a byte-level BPE costs ~2.5x as much a token as on
+words (the tokenizing servers' CPU is then overstated) and which re-tokenize to about, not
+exactly, their count.
 
 As token ids, a token-level trace's prompt is its own ids, exactly as the simulator hashes them;
 a block-level trace's is the ids of its blocks' words (the text's tokens, without a tokenizer
@@ -27,6 +32,8 @@ from kvtide.text import Tokenizer
 from kvtide.types import Request
 
 MIN_WORDS = 64
+_GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / the golden ratio: spreads consecutive ids
+_MASK64 = 2**64 - 1
 _BLOCK_CACHE = 65_536
 
 
@@ -82,9 +89,12 @@ class PromptBuilder:
     of a session is split at turn k's prompt end and output end (user, assistant, user ...),
     taken from the trace and never from the engine's replies, so every run sends the same text."""
 
-    def __init__(self, tokenizer: Tokenizer, seed: int = 0) -> None:
+    def __init__(self, tokenizer: Tokenizer, seed: int = 0, ids_as_words: bool = False) -> None:
         self.tokenizer = tokenizer
         self.seed = seed
+        self.ids_as_words = ids_as_words
+        """Token-level requests' ids are synthetic: each becomes a word (``id_words``), not
+        its detokenized text."""
         vocabulary = one_token_vocabulary(tokenizer)
         self.words = [word for word, _ in vocabulary]
         self._word_ids = {word: token_id for word, token_id in vocabulary}
@@ -114,6 +124,8 @@ class PromptBuilder:
             ids = request.token_ids
             chunk = ids[start:stop]
             as_list = chunk.tolist() if isinstance(chunk, np.ndarray) else list(chunk)
+            if self.ids_as_words:
+                return "".join(self.id_words(as_list))
             return self.tokenizer.decode(as_list, skip_special_tokens=False)
         bt = request.block_tokens
         block_ids = self._block_ids(request)
@@ -123,6 +135,14 @@ class PromptBuilder:
             lo, hi = max(start - index * bt, 0), min(stop - index * bt, bt)
             parts.append("".join(words[lo:hi]))
         return "".join(parts)
+
+    def id_words(self, ids: Sequence[int]) -> list[str]:
+        """One word for each synthetic id, the same for the same id and seed: a multiplicative
+        hash of (id, seed) into the pool (ids apart by the pool's size get different words,
+        as they would not under ``id % len(pool)``)."""
+        pool, n = self.words, len(self.words)
+        salt = self.seed * _GOLDEN
+        return [pool[((i * _GOLDEN + salt) & _MASK64) % n] for i in ids]
 
     def _block_ids(self, request: Request) -> Sequence[int]:
         if request.block_ids is not None:

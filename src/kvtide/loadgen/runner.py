@@ -21,6 +21,7 @@ from kvtide.loadgen.prompts import Prompt, PromptBuilder
 from kvtide.text import Tokenizer
 from kvtide.types import Request
 from kvtide.workloads import Workload
+from kvtide.workloads.registry import BUILTIN_PREFIX
 
 APIS = ("chat", "completions")
 PROMPT_FORMATS = ("text", "tokens")
@@ -199,7 +200,8 @@ async def run_load(
 ) -> dict[str, Any]:
     """Runs the load and returns the report: ``config``, ``workload``, ``summary``, ``requests``."""
     plan = planned if planned is not None else schedule(workload, config)
-    builder = PromptBuilder(tokenizer, config.seed)
+    # a built-in workload's ids are synthetic: words, not their detokenized glue
+    builder = PromptBuilder(tokenizer, config.seed, ids_as_words=workload.format == BUILTIN_PREFIX)
     build = builder.token_ids if config.prompt_format == "tokens" else builder.build
     clock = WallClock()
     headers = _headers(config)

@@ -111,3 +111,29 @@ def test_token_ids_of_blocks_are_the_tokens_of_their_text(
     assert a.token_ids[:32] == b.token_ids[:32] and a.token_ids[32:] != b.token_ids[32:]
     text = builder.build(block_request("a", [7, 8, 9], 40)).text
     assert list(a.token_ids) == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_synthetic_ids_become_one_word_each(tokenizer: Tokenizer) -> None:
+    """A built-in workload's random ids as words: the text re-tokenizes to exactly the
+    request's count, the same id gives the same word (a shared prefix stays shared), and ids
+    one pool apart do not collide."""
+    builder = PromptBuilder(tokenizer, seed=0, ids_as_words=True)
+    workload = open_workload("builtin:chat:sessions=4,turns=3,think_s=1,duration_s=10", seed=5)
+    requests = list(workload)
+    for request in requests:
+        text = builder.build(request).text
+        assert len(tokenizer.encode(text, add_special_tokens=False)) == request.prompt_tokens
+        assert all(w.isalpha() and w.islower() for w in text.split())
+    a, b = requests[0], requests[1]
+    assert a.token_ids is not None and b.token_ids is not None
+    pairs = zip(a.token_ids, b.token_ids, strict=False)  # prompts of two lengths
+    shared = next(i for i, (x, y) in enumerate(pairs) if x != y)
+    ta, tb = (builder.span(r, 0, r.prompt_tokens).split(" ")[1:] for r in (a, b))
+    assert ta[:shared] == tb[:shared] and ta[shared] != tb[shared]
+    n = len(builder.words)
+    assert builder.id_words([1000]) != builder.id_words([1000 + n])
+    assert builder.id_words([1000]) != PromptBuilder(tokenizer, 1, True).id_words([1000])
+    # a real token trace's ids are still its text
+    ids = np.array(tokenizer.encode("The harbour master logged it."), dtype=np.int32)
+    real = Request("t", 0.0, len(ids), 4, 16, token_ids=ids)
+    assert PromptBuilder(tokenizer, seed=0).build(real).text == "The harbour master logged it."
