@@ -6,7 +6,8 @@ Text mode: chat requests with a ``--prompt-chars`` shared system prompt through
 ``Gateway``'s parts (orjson, text chunks, ``routing.Router``, shadow index), beside the same
 path under ``round_robin`` (the routing policy's share). Token mode (``--tokenizer``): the
 same for ~2k-token conversations, first turns with a new system prompt (cold), first turns
-sharing one, and turns 2-5 resending history (turn 2 also apart: it tokenizes what a first
+sharing one, first turns of one message opening with a shared preamble (the chunk memo's
+case), and turns 2-5 resending history (turn 2 also apart: it tokenizes what a first
 turn routed on its head left, ``gateway.heads``), beside a peer that renders and tokenizes
 the whole prompt every time (what vllm-router's workers do). Medians of ``--runs`` runs, in
 us.
@@ -105,6 +106,9 @@ def token_mode(args: argparse.Namespace) -> dict[str, Any]:
         _body([{"role": "system", "content": system}, {"role": "user", "content": words(30)}])
         for _ in range(40)
     ]
+    # one user message opening with a shared preamble (no system message): the conversation
+    # cache has nothing to reuse, the tokenizer's chunk memo (text.chunk_memo) does
+    pasted = [_body([{"role": "user", "content": f"{system} {words(30)}"}]) for _ in range(40)]
     turns: list[bytes] = []
     for c in range(20):
         msgs = [{"role": "system", "content": f"c{c} {system}"}]
@@ -116,6 +120,8 @@ def token_mode(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, list[float]] = {
         "cold": [],
         "shared_system": [],
+        "pasted_preamble": [],
+        "pasted_peer": [],
         "later_turns": [],
         "second_turn": [],
         "turns_3_5": [],
@@ -126,6 +132,7 @@ def token_mode(args: argparse.Namespace) -> dict[str, Any]:
         out["cold"].append(timed(gw, cold))
         timed(gw, shared[:1])
         out["shared_system"].append(timed(gw, shared[1:]))
+        out["pasted_preamble"].append(timed(gw, pasted))
         per: list[float] = []
         by_turn: dict[int, list[float]] = {}
         for i, raw in enumerate(turns):
@@ -147,6 +154,13 @@ def token_mode(args: argparse.Namespace) -> dict[str, Any]:
             tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True), False)
             peer.append(time.perf_counter() - t0)
         out["peer"].append(statistics.median(peer) * 1e6)
+        peer = []
+        for raw in pasted:
+            msgs = orjson.loads(raw)["messages"]
+            t0 = time.perf_counter()
+            tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True), False)
+            peer.append(time.perf_counter() - t0)
+        out["pasted_peer"].append(statistics.median(peer) * 1e6)
     return {k: statistics.median(v) for k, v in out.items()}
 
 
@@ -168,6 +182,8 @@ def main() -> None:
             f"token mode, us a request:\n"
             f"  cold first turn {res['cold']:.0f}, first turn sharing a system prompt "
             f"{res['shared_system']:.0f}\n"
+            f"  first turn, one message opening with a shared preamble "
+            f"{res['pasted_preamble']:.0f} (peer: render + tokenize it {res['pasted_peer']:.0f})\n"
             f"  turns 2-5 {res['later_turns']:.0f} (turn 2 {res['second_turn']:.0f}, "
             f"turns 3-5 {res['turns_3_5']:.0f})\n"
             f"  peer (render + tokenize all, no routing) {res['peer']:.0f}: turns 2-5 at "

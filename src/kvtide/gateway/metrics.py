@@ -120,6 +120,19 @@ class GatewayMetrics:
             "Conversation prefixes the tokenization cache holds",
             registry=r,
         )
+        self.chunk_memo_tokens = Gauge(
+            "kvtide_gateway_chunk_memo_tokens",
+            "Token ids the tokenizer's chunk memo holds: long prompts' ~1 KB chunks seen twice "
+            "(token mode)",
+            registry=r,
+        )
+        self.chunk_memo_chunks = Counter(
+            "kvtide_gateway_chunk_memo_chunks_total",
+            "Chunks of long prompts looked up in the tokenizer's chunk memo: hit (ids reused) "
+            "or miss (tokenized)",
+            ["result"],
+            registry=r,
+        )
         self.prompt_heads = Counter(
             "kvtide_gateway_prompt_heads_total",
             "Prompts routed on their first blocks, held nowhere further: the rest not tokenized "
@@ -143,7 +156,18 @@ class GatewayMetrics:
         )
 
         self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._memo_exported: dict[str, int] = {}
         self._more: Callable[[], bytes] = bytes
+
+    def export_chunk_memo(self, tokens: int, hits: int, misses: int) -> None:
+        """At a scrape: the memo's own counts (kept on the request path with no metric call)
+        into the gauge and counters, which move by what changed since the last scrape."""
+        self.chunk_memo_tokens.set(tokens)
+        for result, now in (("hit", hits), ("miss", misses)):
+            before = self._memo_exported.get(result, 0)
+            if now > before:
+                self.child(self.chunk_memo_chunks, result).inc(now - before)
+                self._memo_exported[result] = now
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, memoised: ``labels`` costs ~5 us a call, and a request

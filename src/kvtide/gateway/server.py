@@ -274,6 +274,9 @@ class GatewayApp:
         cache = gateway.prompts.prefix_cache
         metrics.prefix_cache_tokens.set(cache.tokens)
         metrics.prefix_cache_entries.set(len(cache))
+        memo = getattr(gateway.prompts.tokenizer, "memo", None)
+        if memo is not None:
+            metrics.export_chunk_memo(memo.tokens, memo.hits, memo.misses)
         await respond(send, 200, metrics.render(), PROMETHEUS)
         return 200
 

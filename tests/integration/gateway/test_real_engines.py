@@ -140,3 +140,36 @@ def test_a_one_off_prompt_is_routed_on_its_head_and_a_follow_up_on_all_of_it(
     assert cached > 2 * 256, cached  # the document, past the head
     assert abs(predicted - cached) <= 16 * 2, (predicted, cached)
     assert _metric(url, "kvtide_gateway_prompt_heads_total") == heads + 1
+
+
+def test_a_preamble_pasted_into_each_message_is_tokenized_once(
+    fleet: tuple[str, list[Engine]],
+) -> None:
+    """One user message opening with the same long preamble, no system message: the
+    conversation cache has nothing to reuse, the tokenizer's chunk memo does (counted on
+    /metrics), and the prompt's identity is still the engine's (the hit it predicts is the
+    hit the engine reports)."""
+    url, _ = fleet
+    preamble = " ".join(f"Clause {i}: goods to berth {i % 9} by day {i % 31}." for i in range(120))
+    c = openai_client(base_url=f"{url}/v1", api_key=KEYS["alpha"], max_retries=0, timeout=30)
+
+    def ask(question: str) -> int:
+        r = c.chat.completions.create(
+            model="emu",
+            messages=[{"role": "user", "content": f"{preamble}\n{question}"}],
+            max_tokens=4,
+        )
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        return int(r.usage.prompt_tokens_details.cached_tokens or 0)
+
+    ask("Which berth on day 3?")  # the memo's doorkeeper: seen once
+    ask("Which berth on day 4?")  # seen twice: kept
+    time.sleep(1.0)  # the engine's KV events reach the gateway's index
+    hits = _metric(url, 'kvtide_gateway_chunk_memo_chunks_total{result="hit"}')
+    predicted_before = _metric(url, "kvtide_gateway_predicted_cached_tokens_total")
+    cached = ask("Which berth on day 5?")
+    predicted = _metric(url, "kvtide_gateway_predicted_cached_tokens_total") - predicted_before
+    assert _metric(url, 'kvtide_gateway_chunk_memo_chunks_total{result="hit"}') > hits
+    assert _metric(url, "kvtide_gateway_chunk_memo_tokens") > 0
+    assert cached > len(preamble) // 8, cached  # the preamble, on the engine that holds it
+    assert abs(predicted - cached) <= 16 * 2, (predicted, cached)
