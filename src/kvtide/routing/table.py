@@ -34,7 +34,13 @@ _MAX_LOAD = 0.6  # slots in use (live + tombstones) before a rebuild
 _REBUILT_LOAD = 0.4  # the most live keys a rebuild leaves, as a share of its slots
 _MIN_SLOTS = 1024
 NUM_TIERS = 3
-SMALL_BATCH = 24  # below this many keys the scalar loop beats numpy's per-call overhead
+SMALL_BATCH = 128
+"""Below this many keys a batch goes one key at a time: numpy's per-call overhead (~5 µs a
+round, a dozen rounds) costs more. An add and a remove of 64 keys (a 1k-token prompt's
+blocks, what an engine stores for one request) on a table of 120k: 64 µs one at a time, 92
+through numpy; 128 keys: 164 and 161; 256: 216 and 210. Raised from 24 in run 26 of
+docs/gateways.md (``bench/index_churn.py`` on the Mooncake trace, whose batches are larger:
+within its noise)."""
 _STRAGGLERS = 64
 """Keys still probing below which a batch finishes one key at a time: a numpy round costs
 ~5 µs whatever its size, a scalar probe step ~0.1 µs."""
@@ -273,11 +279,18 @@ class BlockTable:
             assert words is not None
             arr = words[bit >> 6]
             clear = ~(1 << (bit & 63)) & 0xFFFFFFFFFFFFFFFF
-            for k in keys.tolist():
-                i = self.slot(k ^ _XOR)
-                if i >= 0:
+            table = self._keys
+            m = self._mask
+            for k in keys.tolist():  # slot(), inlined: the keys are xored already
+                i = k & m
+                while (x := table[i]) != k:
+                    if x == _EMPTY:
+                        break
+                    i = (i + 1) & m
+                else:
                     arr[i] &= clear
-                    freed += self._maybe_free(i)
+                    if not arr[i]:  # this replica's word empty: maybe every word is
+                        freed += self._maybe_free(i)
             return freed
         slots = self._find(np.unique(keys))
         slots = slots[slots >= 0]
