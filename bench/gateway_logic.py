@@ -91,6 +91,20 @@ def text_mode(args: argparse.Namespace) -> dict[str, Any]:
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
+def peer_us(gw: Gateway, bodies: list[bytes]) -> float:
+    """Median microseconds to render and tokenize each body's whole prompt, every time (what
+    vllm-router's workers do), through the gateway's tokenizer without its chunk memo."""
+    tok = gw.prompts.tokenizer
+    assert tok is not None
+    out = []
+    for raw in bodies:
+        msgs = orjson.loads(raw)["messages"]
+        t0 = time.perf_counter()
+        tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True), False)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out) * 1e6
+
+
 def token_mode(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
 
@@ -145,22 +159,8 @@ def token_mode(args: argparse.Namespace) -> dict[str, Any]:
         # a second turn pays for what its first did not tokenize (a head: gateway.heads)
         out["second_turn"].append(statistics.median(by_turn[1]) * 1e6)
         out["turns_3_5"].append(statistics.median(by_turn[2] + by_turn[3] + by_turn[4]) * 1e6)
-        tok = gw.prompts.tokenizer
-        assert tok is not None
-        peer: list[float] = []
-        for i in later_idx:
-            msgs = orjson.loads(turns[i])["messages"]
-            t0 = time.perf_counter()
-            tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True), False)
-            peer.append(time.perf_counter() - t0)
-        out["peer"].append(statistics.median(peer) * 1e6)
-        peer = []
-        for raw in pasted:
-            msgs = orjson.loads(raw)["messages"]
-            t0 = time.perf_counter()
-            tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True), False)
-            peer.append(time.perf_counter() - t0)
-        out["pasted_peer"].append(statistics.median(peer) * 1e6)
+        out["peer"].append(peer_us(gw, [turns[i] for i in later_idx]))
+        out["pasted_peer"].append(peer_us(gw, pasted))
     return {k: statistics.median(v) for k, v in out.items()}
 
 

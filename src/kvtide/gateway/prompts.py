@@ -22,6 +22,7 @@ from xxhash import xxh3_64_intdigest
 
 from kvtide.core.hashing import BlockHashes, hash_tokens
 from kvtide.gateway.status import BAD_REQUEST, TOO_LARGE, ApiError
+from kvtide.text.doorkeeper import Doorkeeper
 
 CHARS_PER_TOKEN = 4
 """Bytes per token of English text under BPE vocabularies (tiktoken, Llama): the text-mode
@@ -288,8 +289,7 @@ class PrefixTokenCache:
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
         self.max_tokens = max_tokens
-        self.max_firsts = max_firsts
-        self._firsts: set[int] = set()
+        self._firsts = Doorkeeper(max_firsts)
         # heads (``_head``): the entry's whole conversation text, while the entry holds a head
         self._head_convs: dict[tuple[tuple[str, str], ...], str] = {}
         # heads a later turn extended, their whole ids: for the head's own ``whole()`` (its
@@ -388,7 +388,8 @@ class PrefixTokenCache:
             break
         if ids is None:
             self.misses += 1
-            seen = len(messages) > 1 and self._seen_before(key[0])
+            # the tuple's hash reuses its strings' cached hashes (the entry lookups')
+            seen = len(messages) > 1 and self._firsts.seen_before(key[0])
             if head_tokens and not seen:
                 got = tok.encode_head(conv, head_tokens, add_special_tokens=False)
                 if got is not None:
@@ -440,18 +441,6 @@ class PrefixTokenCache:
                 rest = tok.encode_ids(conv[len(first) :], add_special_tokens=False)
                 return _join(first_ids, rest)
         return _frozen(tok.encode_ids(conv, add_special_tokens=False))
-
-    def _seen_before(self, first: tuple[str, str]) -> bool:
-        """Whether a conversation opened with ``first`` since the doorkeeper was last cleared
-        (when full: a bound, not a recency order). The tuple's hash reuses its strings' cached
-        hashes, computed for the entry lookups already."""
-        h = hash(first)
-        if h in self._firsts:
-            return True
-        if len(self._firsts) >= self.max_firsts:
-            self._firsts.clear()
-        self._firsts.add(h)
-        return False
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -30,6 +30,8 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from kvtide.text.doorkeeper import Doorkeeper
+
 Ids = npt.NDArray[np.int32]
 
 CHUNK_CHARS = 1024
@@ -55,9 +57,8 @@ class ChunkMemo:
         self.cut = cut
         self.max_tokens = max_tokens
         self.chunk_chars = chunk_chars
-        self.max_seen = max_seen
         self._entries: OrderedDict[str, Ids] = OrderedDict()
-        self._seen: set[int] = set()
+        self._doorkeeper = Doorkeeper(max_seen)
         self.tokens = 0
         """Token ids held now: never above ``max_tokens``."""
         self.hits = 0
@@ -99,11 +100,7 @@ class ChunkMemo:
         ids = self.encode_part(chunk)
         if ids is None:
             return None
-        h = hash(chunk)  # cached on the string by the lookup above
-        if h not in self._seen:
-            if len(self._seen) >= self.max_seen:
-                self._seen.clear()
-            self._seen.add(h)
+        if not self._doorkeeper.seen_before(chunk):
             return ids
         if len(ids) <= self.max_tokens:
             ids.flags.writeable = False  # handed to every text that holds the chunk
