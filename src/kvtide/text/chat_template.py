@@ -16,6 +16,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kvtide.errors import ConfigError
@@ -43,11 +44,37 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# types whose every instance answers the sandbox's checks alike: its answer depends only on
+# isinstance tests, which for these (builtins and jinja's loop) follow ``type(obj)`` exactly
+_PLAIN_TYPES = frozenset({LoopContext, dict, list, tuple, str, int, float, bool, type(None)})
+_MAX_ANSWERS = 1024
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, its attribute check remembered per (type, attribute) for
+    ``_PLAIN_TYPES``. The check runs on every ``loop.first`` and ``message.content``: a dozen
+    ``isinstance`` tests against ABCs each time, half of a long conversation's render."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._answers: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        kind = type(obj)
+        if kind not in _PLAIN_TYPES:
+            return super().is_safe_attribute(obj, attr, value)
+        key = (kind, attr)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = super().is_safe_attribute(obj, attr, value)
+            if len(self._answers) < _MAX_ANSWERS:  # the template's names, or a key from data
+                self._answers[key] = answer
+        return answer
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
