@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -82,11 +83,12 @@ def serve_backend(port: int, chunk_gap_s: float = 0.0) -> None:
 
 class _Upstream:
     """The bare proxies' client: aiohttp's ClientSession ("aiohttp") or the gateway's own
-    keep-alive pool ("pool"), one method for both: POST, then the body's pieces as they come."""
+    keep-alive pool ("pool"), one method for both: POST, then the body's pieces as they come.
+    ``bases``: one upstream URL, or several comma-separated, taken in turn (round robin)."""
 
-    def __init__(self, kind: str, base: str) -> None:
+    def __init__(self, kind: str, bases: str) -> None:
         self.kind = kind
-        self.base = base
+        self._bases = itertools.cycle(bases.split(","))
         self.session: aiohttp.ClientSession | None = None
         self.pool: UpstreamPool | None = None
 
@@ -103,8 +105,9 @@ class _Upstream:
             await self.pool.close()
 
     async def post(self, path: str, body: bytes, start, write) -> None:  # type: ignore[no-untyped-def]
+        base = next(self._bases)
         if self.pool is not None:
-            resp = await self.pool.request(b"POST", self.base, path, body)
+            resp = await self.pool.request(b"POST", base, path, body)
             try:
                 await start(resp.status, resp.headers[b"content-type"])
                 while chunk := await resp.read_chunk():
@@ -114,7 +117,7 @@ class _Upstream:
             return
         assert self.session is not None
         async with self.session.post(
-            self.base + path, data=body, headers={"Content-Type": "application/json"}
+            base + path, data=body, headers={"Content-Type": "application/json"}
         ) as up:
             await start(up.status, up.headers["Content-Type"].encode())
             async for chunk in up.content.iter_any():

@@ -31,7 +31,9 @@ skipped):
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
    added TTFT p50/p99 over the direct run, and gateway CPU per request (kvtide also in text
-   mode).
+   mode), beside the floor of a Python proxy on kvtide's stack (``bench/gateway_cpu.py``'s
+   bare uvicorn + pool proxy, no parsing or routing, the engines in turn) and each
+   gateway's CPU over it.
 3. hot prefixes: every request carries one of two long system prompts, engines batch at most
    ``--hot-max-seqs`` sequences so they queue: per engine, the share of requests served, and
    the fraction of samples (every 0.2 s from the engines' /metrics) in which some engine is
@@ -91,6 +93,9 @@ MODEL = "emu"
 IDLE_S = 3.0
 KVTIDE = "kvtide cost"
 KVTIDE_TEXT = "kvtide cost (text mode)"
+# the floor of a Python proxy on kvtide's stack in the overhead phase: bytes in, bytes out
+# (bench/gateway_cpu.py's bare uvicorn+pool proxy), the engines taken in turn
+BARE = "bare proxy (uvicorn+pool)"
 # `cost` with options, token mode (``kvtide cost:evict_weight=1``, routing/cost.py): run only
 # when named in --only
 KVTIDE_VARIANT = "kvtide cost:"
@@ -170,6 +175,15 @@ class Front:
 def start_front(
     name: str, group: ProcessGroup, engines: Sequence[Engine], peers_python: Path
 ) -> Front:
+    if name == BARE:
+        port = free_port()
+        script = Path(__file__).with_name("gateway_cpu.py")
+        bases = ",".join(e.url for e in engines)
+        args = [sys.executable, str(script), "--serve-bare", "uvicorn", "pool", str(port), bases]
+        child = group.add(ChildProcess(args, name))
+        url = f"http://{LOOPBACK}:{port}"
+        wait_routable(url, child)
+        return Front(name, url, child)
     if name in (KVTIDE, KVTIDE_TEXT) or name.startswith((KVTIDE_VARIANT, KVTIDE_CAP)):
         extra = [] if name == KVTIDE_TEXT else ["--tokenizer", "smollm2"]
         policy = name.removeprefix("kvtide ") if name.startswith(KVTIDE_VARIANT) else "cost"
@@ -897,7 +911,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "overhead" in phases:
             restart_engines(engines, [*base, "--speedup", "100000"])
             rows = results["overhead"] = {}
-            for name in ["direct", *fronts[:1], KVTIDE_TEXT, *fronts[1:]]:
+            for name in ["direct", BARE, *fronts[:1], KVTIDE_TEXT, *fronts[1:]]:
                 if name == "direct":
                     front = Front("direct", None, None)
                 else:
@@ -995,20 +1009,23 @@ def engine_line(e: dict[str, Any]) -> str:
 
 def print_overhead(rows: dict[str, Any]) -> None:
     direct = rows["direct"]["ttft_s"]
+    floor = rows.get(BARE, {}).get("cpu_us_per_request")
     print(
         f"\noverhead: {'gateway':<28}{'err':>5}{'TTFT p50':>10}{'p99':>9}{'added p50':>10}"
-        f"{'added p99':>10}{'CPU us/req':>11}{'RSS MiB':>8}"
+        f"{'added p99':>10}{'CPU us/req':>11}{'over bare':>10}{'RSS MiB':>8}"
     )
     for gw, r in rows.items():
         t = r["ttft_s"]
         add50 = None if t["p50"] is None else t["p50"] - direct["p50"]
         add99 = None if t["p99"] is None else t["p99"] - direct["p99"]
         r["added_s"] = {"p50": add50, "p99": add99}
-        cpu = "-" if r["cpu_us_per_request"] is None else f"{r['cpu_us_per_request']:.0f}"
+        us = r["cpu_us_per_request"]
+        cpu = "-" if us is None else f"{us:.0f}"
+        over = "-" if us is None or floor is None or gw == BARE else f"{us - floor:+.0f}"
         rss = "-" if r["rss_mib"] is None else f"{r['rss_mib']:.0f}"
         print(
             f"  {gw:<38}{r['errors']:>5}{_ms(t['p50']):>10}{_ms(t['p99']):>9}"
-            f"{_ms(add50):>10}{_ms(add99):>10}{cpu:>11}{rss:>8}"
+            f"{_ms(add50):>10}{_ms(add99):>10}{cpu:>11}{over:>10}{rss:>8}"
         )
 
 
