@@ -188,6 +188,8 @@ class Proxy:
         gauge.inc()
         booking = _Booking()
         resp: Response | None = None
+        if exchange.attempts == 1:
+            self.metrics.overhead.observe(self.now_s() - exchange.arrival_s)
         try:
             try:
                 resp = await self.pool.request(

@@ -18,12 +18,14 @@ SEL = 'instance=~"$instance"'
 # import the gateway): tests/unit/gateway/test_metrics_on_dashboard.py checks the names
 GATEWAY_REQUESTS = "kvtide_gateway_requests_total"
 GATEWAY_FIRST_BYTE = "kvtide_gateway_first_byte_seconds"
+GATEWAY_OVERHEAD = "kvtide_gateway_overhead_seconds"
 GATEWAY_IN_FLIGHT = "kvtide_gateway_replica_in_flight"
 GATEWAY_QUEUED = "kvtide_gateway_queued"
 GATEWAY_TENANT_TOKENS = "kvtide_gateway_tenant_tokens_total"
 GATEWAY_METRICS = (
     GATEWAY_REQUESTS,
     GATEWAY_FIRST_BYTE,
+    GATEWAY_OVERHEAD,
     GATEWAY_IN_FLIGHT,
     GATEWAY_QUEUED,
     GATEWAY_TENANT_TOKENS,
@@ -196,6 +198,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [("{{status}}", f"sum by (status) (rate({_q(GATEWAY_REQUESTS)}[5m]))")],
     ),
     ("Gateway time to first byte", "s", _quantiles(GATEWAY_FIRST_BYTE)),
+    ("Gateway's own time (arrival to the engine)", "s", _quantiles(GATEWAY_OVERHEAD)),
     (
         "Gateway requests in flight and queued",
         "short",

@@ -97,8 +97,15 @@ def test_event_fed_index_predicts_the_engines_hits_and_tenants_stay_apart(
     assert sum(counted) >= sum(r["events"]["batches"] for r in ready["replicas"]) > 0
     time.sleep(0.3)
     predicted_before = _metric(url, "kvtide_gateway_predicted_cached_tokens_total")
+    timings = ("overhead_seconds_count", "overhead_seconds_sum", "first_byte_seconds_sum")
+    before = [_metric(url, f"kvtide_gateway_{name}") for name in timings]
     cached = _chat(url, "alpha", "Where is parcel 2?")
     assert cached > 0
+    # the gateway's own time, once for the request, is part of its time to the first byte
+    count, own_s, first_byte_s = (
+        _metric(url, f"kvtide_gateway_{n}") - b for n, b in zip(timings, before, strict=True)
+    )
+    assert count == 1 and 0 < own_s < first_byte_s, (count, own_s, first_byte_s)
     predicted = _metric(url, "kvtide_gateway_predicted_cached_tokens_total") - predicted_before
     # the gateway hashed the prompt as the engine did, in the namespace of the events
     assert predicted > 0
