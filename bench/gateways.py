@@ -33,7 +33,8 @@ skipped):
    added TTFT p50/p99 over the direct run, and gateway CPU per request (kvtide also in text
    mode), beside the floor of a Python proxy on kvtide's stack (``bench/gateway_cpu.py``'s
    bare uvicorn + pool proxy, no parsing or routing, the engines in turn) and each
-   gateway's CPU over it.
+   gateway's CPU over it; for kvtide also its own time a request, the mean of its
+   ``kvtide_gateway_overhead_seconds`` (arrival to the engine's connection) over the phase.
 3. hot prefixes: every request carries one of two long system prompts, engines batch at most
    ``--hot-max-seqs`` sequences so they queue: per engine, the share of requests served, and
    the fraction of samples (every 0.2 s from the engines' /metrics) in which some engine is
@@ -60,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -652,17 +654,41 @@ def overhead_run(
         def target(i: int) -> str:
             return url
 
+    own0 = own_time(front)
     cpu0 = front.cpu_s()
     outs = asyncio.run(drive(target, bodies, args.overhead_rate, args.seed))
     cpu = front.cpu_s() - cpu0
+    own1 = own_time(front)
     ttft = [o.ttft_s for o in outs if o.ok and o.ttft_s is not None]
+    own_us = None
+    if own0 is not None and own1 is not None and own1[1] > own0[1]:
+        own_us = (own1[0] - own0[0]) / (own1[1] - own0[1]) * 1e6
     return {
         "requests": n,
         "errors": sum(not o.ok for o in outs),
         "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
         "cpu_us_per_request": cpu / n * 1e6 if front.child else None,
         "rss_mib": front.rss_bytes() / 2**20 if front.child else None,
+        "own_time_us_mean": own_us,
     }
+
+
+OWN_TIME = "kvtide_gateway_overhead_seconds"
+
+
+def own_time(front: Front) -> tuple[float, float] | None:
+    """A kvtide gateway's own time so far (arrival to the engine's connection, its
+    ``kvtide_gateway_overhead_seconds``): (sum of seconds, requests); None for the others."""
+    if front.url is None or not front.name.startswith("kvtide"):
+        return None
+    with urllib.request.urlopen(front.url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    got = {"sum": 0.0, "count": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (OWN_TIME + "_sum", OWN_TIME + "_count"):
+                got[sample.name.rsplit("_", 1)[1]] = sample.value
+    return got["sum"], got["count"]
 
 
 Sample = tuple[bool, Sequence[tuple[float, float]], float]
@@ -1012,7 +1038,7 @@ def print_overhead(rows: dict[str, Any]) -> None:
     floor = rows.get(BARE, {}).get("cpu_us_per_request")
     print(
         f"\noverhead: {'gateway':<28}{'err':>5}{'TTFT p50':>10}{'p99':>9}{'added p50':>10}"
-        f"{'added p99':>10}{'CPU us/req':>11}{'over bare':>10}{'RSS MiB':>8}"
+        f"{'added p99':>10}{'CPU us/req':>11}{'over bare':>10}{'RSS MiB':>8}{'own us':>8}"
     )
     for gw, r in rows.items():
         t = r["ttft_s"]
@@ -1023,9 +1049,11 @@ def print_overhead(rows: dict[str, Any]) -> None:
         cpu = "-" if us is None else f"{us:.0f}"
         over = "-" if us is None or floor is None or gw == BARE else f"{us - floor:+.0f}"
         rss = "-" if r["rss_mib"] is None else f"{r['rss_mib']:.0f}"
+        own = r.get("own_time_us_mean")
+        own_s = "-" if own is None else f"{own:.0f}"
         print(
             f"  {gw:<38}{r['errors']:>5}{_ms(t['p50']):>10}{_ms(t['p99']):>9}"
-            f"{_ms(add50):>10}{_ms(add99):>10}{cpu:>11}{over:>10}{rss:>8}"
+            f"{_ms(add50):>10}{_ms(add99):>10}{cpu:>11}{over:>10}{rss:>8}{own_s:>8}"
         )
 
 
