@@ -25,7 +25,7 @@ skipped):
    run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with options beside, and
    ``--only "kvtide cost cap 4"`` one with ``limits.max_in_flight_per_replica: 4`` (requests
    beyond 4 per engine wait in the gateway's queue). ``--scheduling-policy priority`` starts
-   every engine admitting by vLLM's ``priority``, which ``kvtide cost:deadline_k=3`` sets
+   every engine admitting by vLLM's ``priority``, which ``kvtide cost:deadline_k=10`` sets
    (the peers send none, so their requests are served in arrival order as under fcfs).
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),

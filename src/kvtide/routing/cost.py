@@ -18,6 +18,19 @@ load instead of estimated. Without it the estimate only counts prefill not yet d
 random arrival mostly finds empty at low load: a replica holding one block every prompt
 shares (a chat template's default system prompt) then wins every request by that block's
 prefill, and the others, or an engine restarted with an empty cache, get none.
+Its weight (``inflight_weight``, default 1: n x s as above) trades the requests in flight's
+delay, mostly their next tokens, against this request's first token. Weighted fully, a burst
+of long prompts piles onto the replicas running the fewest requests, behind their queued
+prefill, while a replica with little queued but many short requests decoding gets none: TTFT
+p99 against TPOT. ``kvtide sweep`` over five 500-request windows of the Mooncake trace
+(requests 0, 2,500, 5,000, 7,500, 10,000; docs/gateways.md, run 28), `cost` -> weight 0.25:
+TTFT p99 3.50 / 3.72 / 4.61 / 4.97 / 4.56 s -> 3.69 / 2.83 / 3.32 / 4.04 / 3.57 (sglang-router's
+rule: 3.79 / 2.48 / 3.15 / 3.41 / 3.79), p50 within 0.1 s, TPOT p50 +8% to +40% (33-56 ->
+37-68 ms; sglang's rule 57-197 ms); weight 0: p99 2.52-3.31 s with TPOT up to 5x. On run 4's
+chat sizing it changed hits by at most 0.3 points. Live (run 28, with ``deadline_k=10``):
+Mooncake's first window p99 12.2 -> 10.3 and 9.9 s, a later one's about even, chat's cached
+ratio and median more variable (64.7% / 347 ms, then 61.7% / 525). Not the default: it moves
+every decision, and the built-ins simulated are mixed.
 Why w x e / R (cache pressure): a warm prefix cache is full (vLLM and SGLang keep a freed
 block cached until its space is needed: their free pool is the LRU cache), so every token a
 prefill writes takes the place of a cached one, and the expected price of that eviction is the
@@ -91,7 +104,8 @@ reference on a waiting request's cached blocks until it admits it: the requests 
 before it write new KV, and LRU evicts the prefix it was sent for (live, on the chat workload,
 17% of the cached tokens predicted, docs/gateways.md run 18). With ``deadline_k`` = k every
 decision carries a deadline, ``RouteDecision.deadline_s`` = k x the request's own predicted
-prefill on the chosen replica (what it holds there costs nothing) in the engines' seconds (the
+prefill on the chosen replica (what it holds there costs nothing; logarithmic beyond one
+iteration's prefill, ``deadline_chunk`` below) in the engines' seconds (the
 TTFT model's times the pace the router learns from first tokens, ``routing.pace``), and the
 caller sends arrival + deadline in milliseconds as the request's ``priority``
 (``engine_priority``; lower first): the gateway in Unix time, to engines run with vLLM's
@@ -99,7 +113,7 @@ caller sends arrival + deadline in milliseconds as the request's ``priority``
 --schedule-low-priority-values-first``); the simulator on its clock, to engines with
 ``scheduling_policy: priority``. A request whose prefix is cached has little to prefill and an
 early deadline, so it is admitted before the queue ahead evicts its prefix; a cold prompt is
-passed only by requests arriving less than k of its own prefills after it, so none waits
+passed only by requests arriving less than its deadline after it, so none waits
 without bound (a static priority by uncached tokens has no such bound: chat p99 1.058 ->
 1.287 s). Measured (docs/gateways.md, run 19), engines admitting by priority: ``kvtide
 sweep`` on run 4's chat sizing, 8 seeds: k = 0 -> 3: hits 68.3% -> 69.0%, TTFT p50 34 -> 30
@@ -111,6 +125,31 @@ on mixed at 16Ki. Live (``bench/gateways.py --scheduling-policy priority``), cha
 61.1% -> 62.2%, p50 616 -> 527 ms, p99 25.1 -> 19.2 s; Mooncake, one run: 7.4% -> 7.9%, p50
 2.12 -> 1.97 s, p99 10.8 -> 11.6 s. Off by default: the engines must be configured for it
 (vLLM refuses a ``priority`` otherwise).
+The deadline's shape (``deadline_chunk``, default 8192 tokens; 0: k x s throughout). With s
+the request's own prefill and c the prefill of one engine iteration's token budget (vLLM's
+``max_num_batched_tokens``: 8192 by default for its OpenAI server on a GPU of 70 GiB or more,
+and the emulated engine's), the deadline is k c ln(1 + s / c): about k s for a prefill well
+inside one iteration, logarithmic in s beyond. The order of any two deadlines at the same
+arrival is unchanged (the function increases with s); what changes is how long later arrivals
+may pass a long prompt. Linear, a prompt prefilled over several iterations (32k tokens: four)
+could be passed for k of its own multi-second prefills, and such prompts are the absolute TTFT
+tail: a k large enough to let short cached turns through a backlog, which is what a median in
+overload needs (live chat, run 27: k = 3 -> 10, p50 550 -> 339 ms), stretched Mooncake's
+p99 (11.7 -> 13.3 s). Measured (docs/gateways.md, run 28), ``kvtide sweep``, engines admitting
+by priority, k = 10 with c against k = 3 and k = 10 without: run 4's chat sizing at time
+scales 0.1202, 0.07 and 0.05 (load rising into overload), 6 seeds: TTFT p50 28 / 140 / 478 ms
+(k = 3: 30 / 246 / 550; k = 10 linear: 27 / 138 / 478), p99 1.02 / 3.47 / 4.82 s (1.07 /
+3.58 / 5.16; 0.94 / 3.62 / 4.61), hits 0.1-0.9 points above k = 3's and within 0.4 of
+k = 10 linear's; five 500-request windows
+of the Mooncake trace (from requests 0, 2,500, 5,000, 7,500, 10,000): p99 3.63 / 3.39 / 4.89
+/ 5.15 / 5.02 s (k = 3: 3.67 / 3.54 / 4.90 / 5.25 / 4.90; k = 10 linear: 3.94 / 3.57 / 5.01
+/ 5.76 / 6.13), p50 within 0.03 s of k = 3's but on the last window (0.60 against 0.68 s);
+the built-in workloads at 16Ki and 64Ki, 3 seeds: mixed at 16Ki 54.3% hits (k = 3: 55.9%,
+k = 10 linear: 52.4%), agent at 16Ki p99 1.46 s (1.17, 1.46), elsewhere hits within a
+point of k = 3's and p99 from -12% (mixed at 64Ki) to +7% (rag at 64Ki). Live, 2 runs each:
+chat 64.5% cached, TTFT p50 362 ms, p99 18.2 s (k = 3 linear: 62.8%, 395 ms, 16.3 s);
+Mooncake's first 500 requests 7.72%, 1.86 s, 12.2 s (7.74%, 1.89 s, 12.3 s). The setting for
+engines that admit by priority is k = 10 with this shape.
 Guard rails, so that router replicas without a coordinator agree and no replica melts:
 - a hard bounded-load cap on work in seconds (``load="work"``, the default): with q_r the
   seconds of prefill queued at replica r (the queue term of the estimate) and s the request's
@@ -213,11 +252,27 @@ class CostAware(BasePolicy):
         holder_slack: int = 16,
         holder_extra: float = 2.0,
         deadline_k: float = 0.0,
+        deadline_chunk: int = 8192,
+        inflight_weight: float = 1.0,
     ) -> None:
         super().__init__(ctx)
         if not 0.0 <= deadline_k < math.inf:
             raise ConfigError(f"cost deadline_k must be a finite number >= 0, got {deadline_k!r}")
         self.deadline_k = float(deadline_k)
+        if not (
+            isinstance(deadline_chunk, int | float)
+            and 0 <= deadline_chunk < math.inf
+            and deadline_chunk == int(deadline_chunk)
+        ):
+            raise ConfigError(
+                f"cost deadline_chunk must be a whole number of tokens >= 0, got {deadline_chunk!r}"
+            )
+        self.deadline_chunk = int(deadline_chunk)
+        if not 0.0 <= inflight_weight < math.inf:
+            raise ConfigError(
+                f"cost inflight_weight must be a finite number >= 0, got {inflight_weight!r}"
+            )
+        self.inflight_weight = float(inflight_weight)
         if not holder_extra >= 0:
             raise ConfigError(f"cost holder_extra must be >= 0, got {holder_extra!r}")
         self.holder_extra = float(holder_extra)
@@ -249,6 +304,8 @@ class CostAware(BasePolicy):
         self.cold_head_blocks = self.key_blocks
         self.model = ctx.ttft_model
         self.prefill_tokens_per_s = self.model.prefill_tokens_per_s()
+        # one engine iteration's prefill (its token budget), the deadline's scale (``_deadline``)
+        self._chunk_s = self.model.prefill_time(self.deadline_chunk, 0) if deadline_chunk else 0.0
         self._inflight: dict[int, int] = {}  # prefix key -> requests in flight
         self._inflight_at: dict[tuple[int, ReplicaId], int] = {}  # ... on each replica
         self._inflight_full: dict[int, int] = {}  # whole-prompt key -> requests in flight
@@ -437,6 +494,7 @@ class CostAware(BasePolicy):
         inv_rate = 1.0 / self.prefill_tokens_per_s
         # seconds of later recompute per token written (evicting a cached one): see above
         evict_s = self.evict_weight * inv_rate
+        w = self.inflight_weight  # the delay to the requests in flight against its own TTFT
         model = self.model
         best: list[ReplicaState] = []
         best_s = math.inf
@@ -453,7 +511,7 @@ class CostAware(BasePolicy):
                     service_s = memo1[d] = service_time(model, p, bt, (d, 0, 0))
                 cost_s = (
                     r.queued_prefill_tokens * inv_rate
-                    + (1 + r.num_requests) * service_s
+                    + (1 + w * r.num_requests) * service_s
                     + max(p - d * bt, 0) * evict_s
                 )
                 # equal costs (a memory-bound prefill): the one holding more wins
@@ -474,7 +532,7 @@ class CostAware(BasePolicy):
                     service_s = memo[blocks] = service_time(model, p, bt, blocks)
                 cost_s = (
                     r.queued_prefill_tokens * inv_rate
-                    + (1 + r.num_requests) * service_s
+                    + (1 + w * r.num_requests) * service_s
                     + max(p - d * bt, 0) * evict_s
                 )
                 if cost_s < best_s or (cost_s == best_s and blocks > best_blocks):
@@ -484,7 +542,8 @@ class CostAware(BasePolicy):
         chosen = best[0] if len(best) == 1 else tie_break(key, best)
         cached = sum(best_blocks)
         own_s = service_time(model, p, bt, best_blocks)
-        ttft_s = best_s - chosen.num_requests * own_s - max(p - best_blocks[0] * bt, 0) * evict_s
+        delay_s = w * chosen.num_requests * own_s  # to the requests in flight: not its TTFT
+        ttft_s = best_s - delay_s - max(p - best_blocks[0] * bt, 0) * evict_s
         return RouteDecision(
             chosen.replica_id,
             self.name,
@@ -515,8 +574,12 @@ class CostAware(BasePolicy):
 
     def _deadline(self, own_s: float) -> float:
         """``deadline_k`` of the request's own predicted prefill ``own_s`` (TTFT-model
-        seconds), in the engines' seconds (the learned pace)."""
-        return self.deadline_k * own_s * self.ctx.pace.factor
+        seconds) up to one iteration's prefill c (``deadline_chunk`` tokens), logarithmic in
+        it beyond: k c ln(1 + s / c), in the engines' seconds (the learned pace). With
+        ``deadline_chunk=0``, k s throughout."""
+        c = self._chunk_s
+        slack = own_s if c <= 0.0 else c * math.log1p(own_s / c)
+        return self.deadline_k * slack * self.ctx.pace.factor
 
     def on_dispatch(self, request: RouteRequest, decision: RouteDecision) -> None:
         if self.provisional is not None and request.request_id:

@@ -218,7 +218,7 @@ def diagnose(o: Observed, bounds: Bounds | None = None) -> Diagnosis:
                     f"{unserved:,.0f} tokens the router predicted cached were computed by the "
                     "engines: evicted while their requests queued, or an index behind the "
                     "engines' KV events",
-                    "engines that admit by the router's deadlines (cost:deadline_k=3 with "
+                    "engines that admit by the router's deadlines (cost:deadline_k=10 with "
                     "priority scheduling) keep a queued request's prefix; a lag or lost "
                     "batches in kvtide_router_* mean the index, not the engines",
                 )

@@ -274,3 +274,33 @@ def test_the_index_counts_what_each_replica_holds() -> None:
     assert index.held_blocks(r) == 6 == index.replica_blocks()[r]
     index.clear_replica(r)
     assert index.held_blocks(r) == 0
+
+
+def _long_prompt_between(spec: str) -> ReplicaId:
+    """A 20k-token prompt sharing only a preamble block both replicas hold: r0 has one long
+    prefill queued, r1 ten short requests in flight."""
+    router, index = _router(2, spec)
+    for r in ("r0", "r1"):
+        index.add(ReplicaId(r), list(prompt([PREAMBLE])))
+    r0, r1 = router.replicas[ReplicaId("r0")], router.replicas[ReplicaId("r1")]
+    r0.dispatch(30_000)
+    for _ in range(10):
+        r1.dispatch(200)
+    ids = [PREAMBLE, *range(5000, 5000 + 1249)]
+    request = RouteRequest(prompt(ids), len(ids) * BT, BT, request_id="long")
+    return router.route(request).replica
+
+
+def test_the_weight_of_the_requests_in_flight_trades_their_delay_for_its_ttft() -> None:
+    """n x s charges a long prefill for the delay it adds to the n requests already on a
+    replica (their next tokens, with chunked prefill): weighted fully it goes behind the
+    queue where nothing else runs; weighted 0 it goes where its own first token comes
+    soonest."""
+    assert _long_prompt_between("cost") == "r0"
+    assert _long_prompt_between("cost:inflight_weight=0") == "r1"
+
+
+@pytest.mark.parametrize("bad", ["-1", "inf", "nan", "x"])
+def test_a_bad_inflight_weight_is_one_error_naming_it(bad: str) -> None:
+    with pytest.raises(ConfigError, match="inflight_weight"):
+        _router(2, f"cost:inflight_weight={bad}")

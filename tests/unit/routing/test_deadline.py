@@ -1,9 +1,10 @@
 """``cost:deadline_k=K``: each decision carries a deadline, K x the request's own predicted
-prefill on the chosen replica (what it holds there is not prefilled), and
+prefill s on the chosen replica (what it holds there is not prefilled) up to one engine
+iteration's prefill c (``deadline_chunk`` tokens), K c ln(1 + s / c) in all, and
 ``RouteDecision.engine_priority`` makes it vLLM's integer ``priority``: arrival plus deadline
 in milliseconds, so that a request whose prefix is cached is admitted before one that arrived
 a little earlier with everything to prefill, and none is passed by requests arriving more than
-K of its own prefills after it."""
+its deadline after it."""
 
 from __future__ import annotations
 
@@ -40,13 +41,78 @@ def _request(ids: list[int], tail: int = 0) -> RouteRequest:
     return RouteRequest(prompt(ids), len(ids) * BT + tail, BT, request_id=f"q{ids[0]}")
 
 
+def _slack(ctx: RoutingContext, own_s: float, chunk: int = 8192) -> float:
+    """The deadline per unit of k: own_s up to one chunk's prefill c, logarithmic beyond."""
+    c = ctx.ttft_model.prefill_time(chunk, 0)
+    return c * math.log1p(own_s / c)
+
+
 def test_a_cold_request_gets_k_of_its_whole_prefill() -> None:
     router, _, ctx = _router("cost:deadline_k=3")
     request = _request(list(range(200)))
     decision = router.route(request)
     assert decision.reason == "cold"
-    assert decision.deadline_s == pytest.approx(3 * ctx.ttft_model.prefill_time(200 * BT, 0))
+    own = ctx.ttft_model.prefill_time(200 * BT, 0)
+    assert decision.deadline_s == pytest.approx(3 * _slack(ctx, own))
     assert decision.engine_priority(100.0) == round((100.0 + decision.deadline_s) * 1000)
+
+
+def test_without_a_chunk_the_deadline_is_k_prefills() -> None:
+    router, _, ctx = _router("cost:deadline_k=3:deadline_chunk=0")
+    decision = router.route(_request(list(range(200))))
+    assert decision.deadline_s == pytest.approx(3 * ctx.ttft_model.prefill_time(200 * BT, 0))
+
+
+def test_a_long_prompt_waits_logarithmically_not_in_proportion() -> None:
+    """A 32k-token cold prompt (several iterations of prefill) is passed by short requests
+    for k c ln(1 + s / c), not k s: the absolute tail is made of such prompts, and with k s
+    each of them could wait k of its own multi-second prefills."""
+    ctx = RoutingContext(clock=ManualClock(), index=GlobalPrefixIndex(), block_tokens=BT)
+    replicas = [ReplicaState(ReplicaId(f"r{i}")) for i in range(2)]
+    curved = Router(build_policy("cost:deadline_k=10", ctx), replicas)
+    linear = Router(build_policy("cost:deadline_k=10:deadline_chunk=0", ctx), replicas)
+    long_request = _request(list(range(2048)))  # 32,768 tokens
+    short_request = _request(list(range(5000, 5010)))  # 160 tokens
+    long_own = ctx.ttft_model.prefill_time(2048 * BT, 0)
+    c = ctx.ttft_model.prefill_time(8192, 0)
+    assert long_own > 4 * c
+    long_c, long_l = curved.route(long_request), linear.route(long_request)
+    short_c, short_l = curved.route(short_request), linear.route(short_request)
+    assert long_l.deadline_s == pytest.approx(10 * long_own)
+    assert long_c.deadline_s == pytest.approx(10 * c * math.log1p(long_own / c))
+    assert long_c.deadline_s < long_l.deadline_s / 2
+    # a short prefill keeps (nearly) its linear deadline: within 5% at 160 tokens
+    assert short_c.deadline_s == pytest.approx(short_l.deadline_s, rel=0.05)
+    # a short request arriving 8 s after the long one: the linear rule lets it pass
+    later = 8.0
+    assert short_l.engine_priority(later) < long_l.engine_priority(0.0)  # type: ignore[operator]
+    assert short_c.engine_priority(later) > long_c.engine_priority(0.0)  # type: ignore[operator]
+
+
+@given(
+    st.floats(0.0, 100.0, allow_nan=False),
+    st.floats(0.0, 100.0, allow_nan=False),
+    st.sampled_from([1, 512, 2048, 8192, 65536]),
+)
+def test_the_deadline_keeps_shortest_first_and_never_exceeds_k_prefills(
+    a: float, b: float, chunk: int
+) -> None:
+    ctx = RoutingContext(clock=ManualClock(), index=GlobalPrefixIndex(), block_tokens=BT)
+    policy = build_policy(f"cost:deadline_k=3:deadline_chunk={chunk}", ctx)
+    da, db = policy._deadline(a), policy._deadline(b)  # type: ignore[attr-defined]
+    assert 0.0 <= da <= 3 * a * (1 + 1e-12)
+    if a < b:
+        assert da <= db  # the same order as k x prefill: less to prefill, due sooner
+    c = ctx.ttft_model.prefill_time(chunk, 0)
+    if a <= c / 100:
+        assert da == pytest.approx(3 * a, rel=0.01)
+
+
+@pytest.mark.parametrize("bad", ["-1", "0.5", "nan", "x"])
+def test_a_bad_chunk_is_one_error_naming_it(bad: str) -> None:
+    ctx = RoutingContext(clock=ManualClock(), index=GlobalPrefixIndex(), block_tokens=BT)
+    with pytest.raises(ConfigError, match="deadline_chunk"):
+        build_policy(f"cost:deadline_k=3:deadline_chunk={bad}", ctx)
 
 
 def test_a_held_prefix_is_not_prefilled_so_its_deadline_is_earlier() -> None:
@@ -57,8 +123,9 @@ def test_a_held_prefix_is_not_prefilled_so_its_deadline_is_earlier() -> None:
     warm = router.route(_request([*history, 7, 8], tail=5))
     assert warm.replica == "r1" and warm.cached_blocks == 180
     new = 2 * BT + 5
-    assert warm.deadline_s == pytest.approx(3 * ctx.ttft_model.prefill_time(new, 180 * BT))
-    assert cold.deadline_s is not None and warm.deadline_s < cold.deadline_s / 10
+    own = ctx.ttft_model.prefill_time(new, 180 * BT)
+    assert warm.deadline_s == pytest.approx(3 * _slack(ctx, own))
+    assert cold.deadline_s is not None and warm.deadline_s < cold.deadline_s / 5
     # the warm request arrived 200 ms later (the cold one's prefill is ~90 ms here) and still
     # goes first; one arriving after the cold one's deadline does not
     assert warm.engine_priority(10.2) < cold.engine_priority(10.0)  # type: ignore[operator]
