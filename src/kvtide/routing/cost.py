@@ -140,10 +140,10 @@ by priority, k = 10 with c against k = 3 and k = 10 without: run 4's chat sizing
 scales 0.1202, 0.07 and 0.05 (load rising into overload), 6 seeds: TTFT p50 28 / 140 / 478 ms
 (k = 3: 30 / 246 / 550; k = 10 linear: 27 / 138 / 478), p99 1.02 / 3.47 / 4.82 s (1.07 /
 3.58 / 5.16; 0.94 / 3.62 / 4.61), hits 0.1-0.9 points above k = 3's and within 0.4 of
-k = 10 linear's; five 500-request windows
-of the Mooncake trace (from requests 0, 2,500, 5,000, 7,500, 10,000): p99 3.63 / 3.39 / 4.89
-/ 5.15 / 5.02 s (k = 3: 3.67 / 3.54 / 4.90 / 5.25 / 4.90; k = 10 linear: 3.94 / 3.57 / 5.01
-/ 5.76 / 6.13), p50 within 0.03 s of k = 3's but on the last window (0.60 against 0.68 s);
+k = 10 linear's; five 500-request windows of the Mooncake trace (from requests 0, 2,500,
+5,000, 7,500, 10,000): p99 3.63 / 3.39 / 4.89 / 5.15 / 5.02 s (k = 3: 3.67 / 3.54 / 4.90 /
+5.25 / 4.90; k = 10 linear: 3.94 / 3.57 / 5.01 / 5.76 / 6.13), p50 within 0.03 s of k = 3's
+but on the last window (0.60 against 0.68 s);
 the built-in workloads at 16Ki and 64Ki, 3 seeds: mixed at 16Ki 54.3% hits (k = 3: 55.9%,
 k = 10 linear: 52.4%), agent at 16Ki p99 1.46 s (1.17, 1.46), elsewhere hits within a
 point of k = 3's and p99 from -12% (mixed at 64Ki) to +7% (rag at 64Ki). Live, 2 runs each:
