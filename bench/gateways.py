@@ -683,12 +683,8 @@ def own_time(front: Front) -> tuple[float, float] | None:
         return None
     with urllib.request.urlopen(front.url + "/metrics", timeout=5) as r:
         text = r.read().decode()
-    got = {"sum": 0.0, "count": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (OWN_TIME + "_sum", OWN_TIME + "_count"):
-                got[sample.name.rsplit("_", 1)[1]] = sample.value
-    return got["sum"], got["count"]
+    got = parse_engine_metrics(text, {OWN_TIME + "_sum": "sum", OWN_TIME + "_count": "count"})
+    return got.get("sum", 0.0), got.get("count", 0.0)
 
 
 Sample = tuple[bool, Sequence[tuple[float, float]], float]
