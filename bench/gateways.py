@@ -14,10 +14,11 @@ skipped):
    Mooncake conversation trace (its first ``--trace-requests`` requests sent over
    ``--trace-duration`` s, outputs capped at ``--max-output-tokens``, prompts that do not fit
    ``--max-model-len`` left out), sent by kvtide's load generator: cached-token ratio (the
-   engines' ``usage``), TTFT p50/p99, and the gateway's CPU (/proc of its PID) per request,
-   and while idle. The engines are sized from each workload (``size_engines``): the fleet's
-   KV is ``--kv-fraction`` of the KV the workload needs (the larger of its peak reused tokens
-   and the LRU cache that serves 90% of its reuse, ``kvtide.workloads.stats``), and their
+   engines' ``usage``), TTFT p50/p99, TPOT p50/p99 (what a lower TTFT tail may cost the
+   requests decoding), and the gateway's CPU (/proc of its PID) per request, and while idle.
+   The engines are sized from each workload (``size_engines``): the fleet's KV is
+   ``--kv-fraction`` of the KV the workload needs (the larger of its peak reused tokens and
+   the LRU cache that serves 90% of its reuse, ``kvtide.workloads.stats``), and their
    ``--speedup`` makes its prefill with no hit ``--load`` of the fleet's capacity; printed as
    "sizing". Each gateway gets freshly restarted engines (cold caches) and the same
    requests; ``--workloads`` picks chat, mooncake or both. ``--repeat N`` runs every gateway
@@ -274,6 +275,9 @@ def pct(values: Sequence[float], q: float) -> float | None:
 def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in rows if r["error"] is None]
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    # a router that lowers TTFT by stalling the requests decoding where it sends a prefill
+    # shows here: each request's time per output token after its first
+    tpot = [r["tpot_s"] for r in ok if r.get("tpot_s") is not None]
     used = [r for r in ok if r["prompt_tokens"] and r["cached_tokens"] is not None]
     prompt = sum(r["prompt_tokens"] for r in used)
     kinds: dict[str, int] = {}
@@ -288,6 +292,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "cached_token_ratio": sum(r["cached_tokens"] for r in used) / prompt if prompt else None,
         "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99)},
+        "tpot_s": {"p50": pct(tpot, 50), "p99": pct(tpot, 99)},
     }
 
 
@@ -307,6 +312,7 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "errors": sum(r["errors"] for r in runs),
         "cached_token_ratio": med([r["cached_token_ratio"] for r in runs]),
         "ttft_s": {q: med([r["ttft_s"][q] for r in runs]) for q in ("p50", "p99")},
+        "tpot_s": {q: med([r["tpot_s"][q] for r in runs]) for q in ("p50", "p99")},
     }
     for key in ("cpu_us_per_request", "idle_cpu_ms_per_s", "cpu_us_per_request_less_idle"):
         out[key] = med([r[key] for r in runs])
@@ -811,7 +817,8 @@ def _ratio(x: float | None, y: float | None) -> str:
     return "-" if not x or not y else f"x{x / y:.2f}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The bench's flags (``bench/trace_windows.py`` reads its sizing defaults here)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--peers-venv", type=Path, default=Path("/work/peers-venv"))
     p.add_argument("--trace", type=Path, help="mooncake_conversation.jsonl (skipped without)")
@@ -873,6 +880,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="rows_dir",
         help="directory for each workload run's per-request rows (WORKLOAD-GATEWAY-ROUND.json)",
     )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat: expected at least 1 run per gateway, got {args.repeat}")
@@ -971,8 +983,8 @@ def print_workload(name: str, rows: dict[str, Any]) -> None:
     ours = rows.get(KVTIDE)
     print(
         f"\n{name}: {'gateway':<28}{'req':>6}{'err':>5}{'cached':>8}{'TTFT p50':>10}"
-        f"{'p99':>9}{'CPU us/req':>11}{'idle ms/s':>10}{'less idle':>10}"
-        "  kvtide/peer TTFT p50, p99"
+        f"{'p99':>9}{'TPOT p50':>9}{'p99':>9}{'CPU us/req':>11}{'idle ms/s':>10}"
+        f"{'less idle':>10}  kvtide/peer TTFT p50, p99"
     )
     for gw, r in rows.items():
         t = r["ttft_s"]
@@ -983,17 +995,19 @@ def print_workload(name: str, rows: dict[str, Any]) -> None:
         cached = "-" if r["cached_token_ratio"] is None else f"{r['cached_token_ratio']:.1%}"
         print(
             f"  {gw:<34}{r['requests']:>6}{r['errors']:>5}{cached:>8}{_ms(t['p50']):>10}"
-            f"{_ms(t['p99']):>9}{r['cpu_us_per_request']:>11.0f}"
+            f"{_ms(t['p99']):>9}{_ms(r['tpot_s']['p50']):>9}{_ms(r['tpot_s']['p99']):>9}"
+            f"{r['cpu_us_per_request']:>11.0f}"
             f"{r['idle_cpu_ms_per_s']:>10.1f}{r['cpu_us_per_request_less_idle']:>10.0f}{ratio}"
         )
     for gw, r in rows.items():
         if "runs" in r:  # medians above: each run's numbers, in round order
             each = ", ".join(
                 f"{x['cached_token_ratio'] or 0:.1%} {_ms(x['ttft_s']['p50']).strip()}/"
-                f"{_ms(x['ttft_s']['p99']).strip()}"
+                f"{_ms(x['ttft_s']['p99']).strip()} {_ms(x['tpot_s']['p50']).strip()}/"
+                f"{_ms(x['tpot_s']['p99']).strip()}"
                 for x in r["runs"]
             )
-            print(f"    {gw} runs (cached, TTFT p50/p99 ms): {each}")
+            print(f"    {gw} runs (cached, TTFT p50/p99 ms, TPOT p50/p99 ms): {each}")
     print("  per engine (first run): requests, prompt tokens, cached, waiting mean/max")
     for gw, r in rows.items():
         e = (r["runs"][0] if "runs" in r else r).get("per_engine")
