@@ -31,6 +31,13 @@ chat sizing it changed hits by at most 0.3 points. Live (run 28, with ``deadline
 Mooncake's first window p99 12.2 -> 10.3 and 9.9 s, a later one's about even, chat's cached
 ratio and median more variable (64.7% / 347 ms, then 61.7% / 525). Not the default: it moves
 every decision, and the built-ins simulated are mixed.
+The weight is an exchange rate, not an estimate to correct: over 24 Mooncake windows
+(``bench/trace_windows.py``, run 29, with ``deadline_k=10``) weights 1 / 0.25 / 0.1 / 0 put
+TTFT p99 at x1.36 / x1.17 / x1.01 / x0.96 of sglang-router's rule and TPOT p50 at 41 / 51 / 64
+/ 90 ms (the rule's 75), p50 30% below it at every weight. Counting only the requests still
+decoding when this prefill would start (the simulator knows their remaining outputs) left the
+tail where it was: a replica that prefills advances its decoders a token per chunk, so nearly
+all of them still are. On the built-ins weight 0.1 loses up to 1.9 points of hits at 16Ki.
 Why w x e / R (cache pressure): a warm prefix cache is full (vLLM and SGLang keep a freed
 block cached until its space is needed: their free pool is the LRU cache), so every token a
 prefill writes takes the place of a cached one, and the expected price of that eviction is the
