@@ -144,9 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--trace: {exc}")
     if kind != "mooncake":
         p.error(f"--trace: {args.trace} is a {kind} trace; windows are cut from Mooncake's format")
-    for name, value in (("--windows", args.windows), ("--window-requests", args.window_requests)):
-        if value < 1:
-            p.error(f"{name}: expected at least 1, got {value}")
+    for dest in ("windows", "window_requests", "engines", "max_output_tokens", "max_model_len"):
+        if getattr(args, dest) < 1:
+            p.error(f"--{dest.replace('_', '-')}: expected at least 1, got {getattr(args, dest)}")
+    for dest in ("trace_duration", "kv_fraction", "load"):
+        if not 0 < getattr(args, dest) < math.inf:
+            p.error(f"--{dest.replace('_', '-')}: expected a number > 0, got {getattr(args, dest)}")
+    if args.first < 0:
+        p.error(f"--first: expected a request number >= 0, got {args.first}")
     try:
         validate_names(args.router, "lru")
     except KvtideError as exc:
@@ -164,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trace_windows: rev {git_rev()} {json.dumps(vars(args), default=str)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="kvtide-windows-") as tmp:
         made = windows(args, Path(tmp))
+        if not made:
+            p.error(f"--first: {args.trace} has no window of 2 requests from request {args.first}")
         try:
             scenarios = [
                 Scenario(

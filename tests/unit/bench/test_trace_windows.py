@@ -94,6 +94,11 @@ def test_windows_keep_the_live_bench_context_and_output_caps(tmp_path: Path) -> 
         (["--trace", "{trace}", "--router", "nope"], "--router: unknown router 'nope'"),
         (["--trace", "{trace}", "--router", "cost", "--windows", "0"], "--windows: expected"),
         (["--trace", "{trace}", "--router", "cost", "--reference", "x"], "--reference: 'x'"),
+        (["--trace", "{trace}", "--router", "cost", "--load", "0"], "--load: expected a number"),
+        (["--trace", "{trace}", "--router", "cost", "--kv-fraction", "nan"], "--kv-fraction:"),
+        (["--trace", "{trace}", "--router", "cost", "--engines", "0"], "--engines: expected"),
+        (["--trace", "{trace}", "--router", "cost", "--first", "-1"], "--first: expected"),
+        (["--trace", "{trace}", "--router", "cost", "--first", "39"], "--first: "),
         (
             ["--trace", "{trace}", "--router", "cost:deadline_k=3", "--scheduling-policy", "fcfs"],
             "add --scheduling-policy priority",
