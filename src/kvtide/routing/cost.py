@@ -263,9 +263,7 @@ class CostAware(BasePolicy):
         inflight_weight: float = 1.0,
     ) -> None:
         super().__init__(ctx)
-        if not 0.0 <= deadline_k < math.inf:
-            raise ConfigError(f"cost deadline_k must be a finite number >= 0, got {deadline_k!r}")
-        self.deadline_k = float(deadline_k)
+        self.deadline_k = _finite_weight("deadline_k", deadline_k)
         if not (
             isinstance(deadline_chunk, int | float)
             and 0 <= deadline_chunk < math.inf
@@ -275,11 +273,7 @@ class CostAware(BasePolicy):
                 f"cost deadline_chunk must be a whole number of tokens >= 0, got {deadline_chunk!r}"
             )
         self.deadline_chunk = int(deadline_chunk)
-        if not 0.0 <= inflight_weight < math.inf:
-            raise ConfigError(
-                f"cost inflight_weight must be a finite number >= 0, got {inflight_weight!r}"
-            )
-        self.inflight_weight = float(inflight_weight)
+        self.inflight_weight = _finite_weight("inflight_weight", inflight_weight)
         if not holder_extra >= 0:
             raise ConfigError(f"cost holder_extra must be >= 0, got {holder_extra!r}")
         self.holder_extra = float(holder_extra)
@@ -616,6 +610,13 @@ class CostAware(BasePolicy):
             _decrement(self._inflight_hold, holds.pop())
             if not holds:
                 del self._holds_of[(full, replica)]
+
+
+def _finite_weight(option: str, value: float) -> float:
+    """``value`` as a float, or a ConfigError naming ``option`` unless it is finite and >= 0."""
+    if not 0.0 <= value < math.inf:
+        raise ConfigError(f"cost {option} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def _full_key(request: RouteRequest, key: int) -> int:
