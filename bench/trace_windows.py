@@ -82,23 +82,19 @@ def windows(args: argparse.Namespace, out_dir: Path) -> list[dict[str, Any]]:
 
 def summarize(results: dict[str, list[dict[str, Any]]], reference: str) -> dict[str, Any]:
     ref = results[reference]
+    r50, r99, rhit = _col(ref, "ttft_s", "p50"), _col(ref, "ttft_s", "p99"), _col(ref, "hit_ratio")
     out = {}
     for router, runs in results.items():
-
-        def col(key: str, q: str | None = None, rs: list[dict[str, Any]] = runs) -> list[float]:
-            return [r[key][q] if q else r[key] for r in rs]
-
-        p50, p99, hit = col("ttft_s", "p50"), col("ttft_s", "p99"), col("hit_ratio")
-        r50, r99, rhit = (
-            col("ttft_s", "p50", ref),
-            col("ttft_s", "p99", ref),
-            col("hit_ratio", None, ref),
+        p50, p99, hit = (
+            _col(runs, "ttft_s", "p50"),
+            _col(runs, "ttft_s", "p99"),
+            _col(runs, "hit_ratio"),
         )
         out[router] = {
             "ttft_p50_s": statistics.median(p50),
             "ttft_p99_s": statistics.median(p99),
             "hit_ratio": statistics.median(hit),
-            "tpot_p50_s": statistics.median(col("tpot_s", "p50")),
+            "tpot_p50_s": statistics.median(_col(runs, "tpot_s", "p50")),
             "p50_ratio": _gmean([a / b for a, b in zip(p50, r50, strict=True)]),
             "p99_ratio": _gmean([a / b for a, b in zip(p99, r99, strict=True)]),
             "wins_p50": sum(a < b for a, b in zip(p50, r50, strict=True)),
@@ -106,6 +102,11 @@ def summarize(results: dict[str, list[dict[str, Any]]], reference: str) -> dict[
             "wins_hits": sum(a > b for a, b in zip(hit, rhit, strict=True)),
         }
     return out
+
+
+def _col(runs: list[dict[str, Any]], key: str, q: str | None = None) -> list[float]:
+    """One number of every window's run: ``run[key]``, or ``run[key][q]`` for a quantile."""
+    return [r[key][q] if q else r[key] for r in runs]
 
 
 def _gmean(xs: list[float]) -> float:
