@@ -6,6 +6,7 @@ KvtideError
 │                        token count, a request at another block size than its router's
 ├── TraceFormatError     a trace line that cannot be read (carries path and line number)
 ├── CapacityError        a request that can never fit (larger than the whole cache)
+├── RequestError         a request body a server cannot take (carries the field as ``param``)
 ├── UpstreamError        an engine behind the gateway failed
 │   ├── UpstreamTimeout
 │   └── UpstreamUnavailable
@@ -41,6 +42,15 @@ class TraceFormatError(KvtideError):
 
 class CapacityError(KvtideError):
     pass
+
+
+class RequestError(KvtideError):
+    """A field of a request body that is wrong: each server answers it with its own 400 body,
+    ``param`` naming the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class UpstreamError(KvtideError):

@@ -47,6 +47,7 @@ from kvtide.engine_server.protocol import (
 from kvtide.engine_server.stream import RequestStream
 from kvtide.errors import CapacityError, ConfigError
 from kvtide.text import Tokenizer
+from kvtide.text.chat_request import ChatRequest
 
 log = logging.getLogger("kvtide.engine_server")
 
@@ -197,8 +198,8 @@ class EngineApp:
         if req.prompt is not None:
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
-            assert req.messages is not None
-            ids = self._render_chat(req.messages, req.add_generation_prompt)
+            assert req.chat is not None
+            ids = self._render_chat(req.chat)
         body = {
             "count": len(ids),
             "max_model_len": self.limits.max_model_len,
@@ -363,11 +364,9 @@ class EngineApp:
             t = next(t for t in ids if t >= vocab)
             raise bad_request(f"token id {t} is out of vocabulary (size {vocab})", param)
 
-    def _render_chat(self, messages: Any, add_generation_prompt: bool) -> list[int]:
+    def _render_chat(self, chat: ChatRequest) -> list[int]:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=True
-            )
+            return self.tokenizer.encode(chat.render(self.tokenizer), add_special_tokens=False)
         except ConfigError as exc:
             raise bad_request(f"chat template: {exc}", "messages") from exc
 
@@ -378,8 +377,8 @@ class EngineApp:
         if gen.prompt_text is not None:
             ids = self.tokenizer.encode(gen.prompt_text)
         else:
-            assert gen.messages is not None
-            ids = self._render_chat(gen.messages, gen.add_generation_prompt)
+            assert gen.chat is not None
+            ids = self._render_chat(gen.chat)
         if not ids:
             raise bad_request("the prompt is empty after tokenization", "prompt")
         return ids

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvtide.engine_server.api_errors import bad_request
+from kvtide.errors import RequestError
+from kvtide.text.chat_request import ChatRequest, parse_chat_request
 
 Kind = Literal["completion", "chat"]
 
@@ -38,14 +40,14 @@ class Generation:
     model: str | None
     prompt_text: str | None
     prompt_ids: tuple[int, ...] | None
-    messages: tuple[Mapping[str, Any], ...] | None
+    chat: ChatRequest | None
+    """A chat's template inputs (``kvtide.text.chat_request``: the gateway renders the same)."""
     max_tokens: int | None
     stream: bool
     include_usage: bool
     stop: tuple[str, ...]
     ignore_eos: bool
     cache_salt: str | None
-    add_generation_prompt: bool = True
     priority: int = 0
     """vLLM's scheduling priority (lower first), honoured under ``--scheduling-policy
     priority``."""
@@ -165,7 +167,7 @@ def parse_completion(body: object) -> Generation:
         model=_opt_str(body, "model"),
         prompt_text=text,
         prompt_ids=ids,
-        messages=None,
+        chat=None,
         max_tokens=_opt_positive_int(body, "max_tokens"),
         stream=stream,
         include_usage=_stream_options(body, stream),
@@ -180,17 +182,7 @@ def parse_chat(body: object) -> Generation:
     """``POST /v1/chat/completions``: ``messages`` rendered later by the chat template."""
     body = _object(body)
     _check_common(body)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty array", "messages")
-    checked: list[Mapping[str, Any]] = []
-    for i, m in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"'{param}' must be an object", param)
-        if not isinstance(m.get("role"), str):
-            raise bad_request(f"'{param}.role' must be a string", f"{param}.role")
-        checked.append({**m, "content": _content(m.get("content"), f"{param}.content")})
+    chat = _chat_request(body)
     max_tokens = _opt_positive_int(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _opt_positive_int(body, "max_tokens")
@@ -200,7 +192,7 @@ def parse_chat(body: object) -> Generation:
         model=_opt_str(body, "model"),
         prompt_text=None,
         prompt_ids=None,
-        messages=tuple(checked),
+        chat=chat,
         max_tokens=max_tokens,
         stream=stream,
         include_usage=_stream_options(body, stream),
@@ -208,27 +200,15 @@ def parse_chat(body: object) -> Generation:
         ignore_eos=_opt_bool(body, "ignore_eos", False),
         cache_salt=_cache_salt(body),
         priority=_priority(body),
-        add_generation_prompt=_opt_bool(body, "add_generation_prompt", True),
     )
 
 
-def _content(v: object, param: str) -> str:
-    """A message's content: a string, or text parts joined as vLLM joins them."""
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, list):
-        texts = []
-        for part in v:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise bad_request(f"'{param}' parts must be text parts", param)
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise bad_request(f"'{param}' text parts need a string 'text'", param)
-            texts.append(text)
-        return "\n".join(texts)
-    raise bad_request(f"'{param}' must be a string or an array of text parts", param)
+def _chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """The template's inputs, as vLLM builds them; text parts only (no media)."""
+    try:
+        return parse_chat_request(body, media="refuse")
+    except RequestError as exc:
+        raise bad_request(str(exc), exc.param) from None
 
 
 def _priority(body: Mapping[str, Any]) -> int:
@@ -257,9 +237,8 @@ def _object(body: object) -> Mapping[str, Any]:
 class TokenizeRequest:
     model: str | None
     prompt: str | None
-    messages: tuple[Mapping[str, Any], ...] | None
+    chat: ChatRequest | None
     add_special_tokens: bool
-    add_generation_prompt: bool
 
 
 def parse_tokenize(body: object) -> TokenizeRequest:
@@ -275,17 +254,14 @@ def parse_tokenize(body: object) -> TokenizeRequest:
             prompt,
             None,
             _opt_bool(body, "add_special_tokens", True),
-            False,
         )
     if messages is None:
         raise bad_request("'prompt' or 'messages' is required", "prompt")
-    chat = parse_chat({"messages": messages})
     return TokenizeRequest(
         _opt_str(body, "model"),
         None,
-        chat.messages,
+        _chat_request(body),
         _opt_bool(body, "add_special_tokens", False),
-        _opt_bool(body, "add_generation_prompt", True),
     )
 
 

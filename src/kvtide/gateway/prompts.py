@@ -18,10 +18,13 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 from xxhash import xxh3_64_intdigest
 
 from kvtide.core.hashing import BlockHashes, hash_tokens
+from kvtide.errors import RequestError
 from kvtide.gateway.status import BAD_REQUEST, TOO_LARGE, ApiError
+from kvtide.text.chat_request import ChatRequest, parse_chat_request
 from kvtide.text.doorkeeper import Doorkeeper
 
 CHARS_PER_TOKEN = 4
@@ -58,7 +61,7 @@ class PromptTokenizer(Protocol):
     ) -> tuple[Ids, int, Callable[[], Ids]] | None: ...
 
     def apply_chat_template(
-        self, messages: Sequence[Any], add_generation_prompt: bool = True
+        self, messages: Sequence[Any], add_generation_prompt: bool = True, **variables: Any
     ) -> str: ...
 
 
@@ -97,38 +100,48 @@ def estimate_tokens(head_tokens: int, cut: int, text: str) -> int:
     return round(head_tokens * len(text) / cut)
 
 
-def _text_of_content(content: object, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):  # content parts: only text parts carry prefix identity
-        parts = []
-        for part in content:
-            if not isinstance(part, Mapping):
-                raise ApiError(BAD_REQUEST, f"{where}: content parts must be objects", where)
-            text = part.get("text")
-            if isinstance(text, str):
-                parts.append(text)
-        return "".join(parts)
-    raise ApiError(BAD_REQUEST, f"{where}: content must be a string or a list", where)
+def chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """``body``'s chat template inputs as the engine builds them (``kvtide.text.chat_request``);
+    media parts are skipped: their text, not their pixels, is the prefix the gateway sees."""
+    try:
+        return parse_chat_request(body, media="skip")
+    except RequestError as exc:
+        raise ApiError(BAD_REQUEST, str(exc), exc.param) from None
 
 
-def chat_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
-    """``messages`` checked and flattened to {role, content} strings."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(BAD_REQUEST, "'messages' must be a non-empty list", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        # orjson gives dicts: dict first in the tuple spares the ABC's check
-        if not isinstance(m, (dict, Mapping)) or not isinstance(role := m.get("role"), str):
-            raise ApiError(BAD_REQUEST, f"messages[{i}] needs a string 'role'", "messages")
-        content = m.get("content")
-        if not isinstance(content, str):
-            content = _text_of_content(content, "messages")
-        out.append({"role": role, "content": content})
-    return out
+_PLAIN = ("role", "content")
+
+ConversationKey = tuple[tuple[Any, ...], ...]
+"""A conversation's messages as a prefix cache key: (role, content) each, plus what else a
+message carries (tool calls, a tool call id) and, on the first, the request's other template
+inputs (tools, documents, ``chat_template_kwargs``), all of which change the rendered text."""
+
+
+def conversation_key(req: ChatRequest) -> ConversationKey:
+    key = [
+        (m["role"], m["content"])
+        if len(m) == 2
+        else (m["role"], m["content"], orjson.dumps({k: m[k] for k in m if k not in _PLAIN}))
+        for m in req.messages
+    ]
+    if req.variables:
+        key[0] = (*key[0], orjson.dumps(req.variables))
+    return tuple(key)
+
+
+def identity_text(req: ChatRequest) -> str:
+    """Text mode's stand-in for the rendered prompt: the template inputs in the order most
+    tool-aware templates write them (tools and documents first, in the system prompt)."""
+    text = "".join(
+        f"\x00{m['role']}\x00{m['content']}"
+        if len(m) == 2
+        else f"\x00{m['role']}\x00{m['content']}\x00"
+        + orjson.dumps({k: m[k] for k in m if k not in _PLAIN}).decode()
+        for m in req.messages
+    )
+    if req.variables:
+        text = "\x01" + orjson.dumps(req.variables).decode() + text
+    return text
 
 
 def completion_prompt(body: Mapping[str, Any]) -> str | list[int]:
@@ -175,21 +188,24 @@ class PromptHasher:
         cut may come back as a head of that many blocks (``Prompt.whole``), the rest not
         tokenized: the caller asks for the whole where replicas hold all of the head
         (``gateway.heads``)."""
-        messages = chat_messages(body)
-        size = sum(len(m["content"]) for m in messages)
+        req = chat_request(body)
+        messages = req.messages
+        # what the template is given, its tools and tool calls included where there are any
+        rich = bool(req.variables) or any(len(m) > 2 for m in messages)
+        texts = (identity_text(req),) if rich else tuple(m["content"] for m in messages)
+        size = sum(map(len, texts))
         self._check_chars(size, "messages")
         tok = self.tokenizer
         if tok is None:
-            text = "".join(f"\x00{m['role']}\x00{m['content']}" for m in messages)
-            return self._text(text, seed)
+            return self._text(texts[0] if rich else identity_text(req), seed)
         extra = 64 * len(messages)  # the template's own text, generously
         if (
             head_blocks
             and 4 * size + extra > self.max_prompt_tokens  # else it fits whatever the text
-            and not self._fits_untokenized((m["content"] for m in messages), extra)
+            and not self._fits_untokenized(texts, extra)
         ):
             head_blocks = 0
-        ids = self.prefix_cache.tokenize(tok, messages, head_blocks * self.block_tokens)
+        ids = self.prefix_cache.tokenize(tok, req, head_blocks * self.block_tokens)
         if isinstance(ids, Head):
             return self._head(ids, head_blocks, seed, "messages")
         return self._tokens(ids, seed, "messages")
@@ -291,11 +307,11 @@ class PrefixTokenCache:
         self.max_tokens = max_tokens
         self._firsts = Doorkeeper(max_firsts)
         # heads (``_head``): the entry's whole conversation text, while the entry holds a head
-        self._head_convs: dict[tuple[tuple[str, str], ...], str] = {}
+        self._head_convs: dict[ConversationKey, str] = {}
         # heads a later turn extended, their whole ids: for the head's own ``whole()`` (its
         # request's provisional entries), asked for just after; bounded, oldest out first
-        self._extended: OrderedDict[tuple[tuple[str, str], ...], Ids] = OrderedDict()
-        self._entries: OrderedDict[tuple[tuple[str, str], ...], tuple[str, Ids]] = OrderedDict()
+        self._extended: OrderedDict[ConversationKey, Ids] = OrderedDict()
+        self._entries: OrderedDict[ConversationKey, tuple[str, Ids]] = OrderedDict()
         self.tokens = 0
         """Token ids held now, over every entry: never above ``max_tokens``."""
         self._suffixes: dict[int, tuple[str, Ids] | None] = {}
@@ -323,36 +339,40 @@ class PrefixTokenCache:
             self._suffixes[key] = suffix
         return self._suffixes[key]
 
-    def tokenize(
-        self, tok: PromptTokenizer, messages: list[dict[str, str]], head_tokens: int = 0
-    ) -> Ids | Head:
+    def tokenize(self, tok: PromptTokenizer, req: ChatRequest, head_tokens: int = 0) -> Ids | Head:
         """The prompt's ids; or, with ``head_tokens``, for a conversation neither cached nor
         opening with a first message seen before, a ``Head`` of at least that many tokens
         (its entry holds the head until ``whole()`` or a later turn extends it)."""
-        full = tok.apply_chat_template(messages, add_generation_prompt=True)
-        key = tuple((m["role"], m["content"]) for m in messages)
+        if req.continues_final_message:  # ends inside the last message: rare, not cached
+            return _frozen(tok.encode_ids(req.render(tok), add_special_tokens=False))
+        key = conversation_key(req)
+        if not req.add_generation_prompt:
+            return self._conversation_ids(tok, key, req.render(tok), req, head_tokens)
+        full = req.render(tok)
         suffix = self._generation_suffix(tok)
         if suffix is not None and full.endswith(suffix[0]):
             conv = full[: len(full) - len(suffix[0])]
-            ids = self._conversation_ids(tok, key, conv, messages, head_tokens)
+            ids = self._conversation_ids(tok, key, conv, req, head_tokens)
             if isinstance(ids, Head):
                 return ids.then(suffix[1])
             return _join(ids, suffix[1])
-        conv = tok.apply_chat_template(messages, add_generation_prompt=False)
+        conv = req.render(tok, add_generation_prompt=False)
         if not full.startswith(conv):  # a template that rewrites history at the end
             return _frozen(tok.encode_ids(full, add_special_tokens=False))
-        ids = self._conversation_ids(tok, key, conv, messages)
+        ids = self._conversation_ids(tok, key, conv, req)
         assert not isinstance(ids, Head)  # asked for no head
         return _join(ids, tok.encode_ids(full[len(conv) :], add_special_tokens=False))
 
     def _conversation_ids(
         self,
         tok: PromptTokenizer,
-        key: tuple[tuple[str, str], ...],
+        key: ConversationKey,
         conv: str,
-        messages: list[dict[str, str]],
+        req: ChatRequest | None,
         head_tokens: int = 0,
     ) -> Ids | Head:
+        """``req``: the request, for its first message rendered alone (None: a head's
+        ``whole()``, whose entry is found)."""
         found = self._entries.get(key)
         if found is not None and conv.startswith(found[0]):
             self._entries.move_to_end(key)
@@ -389,18 +409,18 @@ class PrefixTokenCache:
         if ids is None:
             self.misses += 1
             # the tuple's hash reuses its strings' cached hashes (the entry lookups')
-            seen = len(messages) > 1 and self._firsts.seen_before(key[0])
+            seen = len(key) > 1 and self._firsts.seen_before(key[0])
             if head_tokens and not seen:
                 got = tok.encode_head(conv, head_tokens, add_special_tokens=False)
                 if got is not None:
                     return self._head(tok, key, conv, got)
-            ids = self._first_message_apart(tok, key, conv, messages, seen)
+            ids = self._first_message_apart(tok, key, conv, req if seen else None)
         return self._stored(key, conv, ids)
 
     def _head(
         self,
         tok: PromptTokenizer,
-        key: tuple[tuple[str, str], ...],
+        key: ConversationKey,
         conv: str,
         got: tuple[Ids, int, Callable[[], Ids]],
     ) -> Head:
@@ -416,7 +436,7 @@ class PrefixTokenCache:
             extended = self._extended.pop(key, None)  # by a later turn, just now
             if extended is not None:
                 return extended
-            ids = self._conversation_ids(tok, key, conv, [])  # the entry, or extended now
+            ids = self._conversation_ids(tok, key, conv, None)  # the entry, or extended now
             assert not isinstance(ids, Head)  # asked for no head
             return ids
 
@@ -425,16 +445,15 @@ class PrefixTokenCache:
     def _first_message_apart(
         self,
         tok: PromptTokenizer,
-        key: tuple[tuple[str, str], ...],
+        key: ConversationKey,
         conv: str,
-        messages: list[dict[str, str]],
-        seen: bool,
+        seen: ChatRequest | None,
     ) -> Ids:
-        """A miss: a first message seen before (``seen``: a system prompt shared by
-        conversations) is tokenized and stored on its own, then the rest; else the whole
-        conversation at once."""
-        if seen:
-            first = tok.apply_chat_template(messages[:1], add_generation_prompt=False)
+        """A miss: a first message seen before (``seen``: the request, its first message a
+        system prompt shared by conversations) is tokenized and stored on its own, then the
+        rest; else the whole conversation at once."""
+        if seen is not None:
+            first = seen.render(tok, seen.messages[:1], add_generation_prompt=False)
             if conv.startswith(first):
                 first_ids = _frozen(tok.encode_ids(first, add_special_tokens=False))
                 self._store(key[:1], first, first_ids)
@@ -445,7 +464,7 @@ class PrefixTokenCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _extended_head(self, key: tuple[tuple[str, str], ...], ids: Ids) -> Ids:
+    def _extended_head(self, key: ConversationKey, ids: Ids) -> Ids:
         """A head's whole ids, tokenized by a later turn, until the head's ``whole()`` (at
         most 256 kept, outside ``max_tokens``: ~8 kB each for 2k-token prompts)."""
         self._extended[key] = ids
@@ -453,17 +472,17 @@ class PrefixTokenCache:
             self._extended.popitem(last=False)
         return ids
 
-    def _drop(self, key: tuple[tuple[str, str], ...]) -> None:
+    def _drop(self, key: ConversationKey) -> None:
         self._head_convs.pop(key, None)
         gone = self._entries.pop(key, None)
         if gone is not None:
             self.tokens -= len(gone[1])
 
-    def _stored(self, key: tuple[tuple[str, str], ...], text: str, ids: Ids) -> Ids:
+    def _stored(self, key: ConversationKey, text: str, ids: Ids) -> Ids:
         self._store(key, text, ids)
         return ids
 
-    def _store(self, key: tuple[tuple[str, str], ...], text: str, ids: Ids) -> None:
+    def _store(self, key: ConversationKey, text: str, ids: Ids) -> None:
         if len(ids) > self.max_tokens:  # would evict everything and still not fit
             return
         self._drop(key)

@@ -3,7 +3,9 @@
 The environment follows ``transformers.utils.chat_template_utils``: an immutable sandbox with
 ``trim_blocks`` and ``lstrip_blocks``, the loop-controls extension, ``raise_exception``, a
 ``tojson`` that does not escape HTML, ``strftime_now``; the special tokens (``bos_token``,
-``eos_token``, ...) and ``add_generation_prompt`` are template variables.
+``eos_token``, ...), ``add_generation_prompt``, ``tools`` and ``documents`` are template
+variables; ``continue_final_message`` cuts the text after the last message's content, and a
+message's reasoning is also given under the names templates read, as transformers does.
 """
 
 from __future__ import annotations
@@ -96,17 +98,58 @@ class ChatTemplate:
         self,
         messages: Sequence[Message],
         add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
         **variables: Any,
     ) -> str:
-        """The prompt text; ConfigError when the template raises (``raise_exception``) or fails."""
-        chat = [dict(m) for m in messages]
+        """The prompt text; ConfigError when the template raises (``raise_exception``) or fails.
+
+        ``continue_final_message``: the text ends where the last message's content does (no
+        end-of-turn after it), found as transformers finds it, by a tag appended to the
+        content before rendering."""
+        chat = [_aliased(m) for m in messages]
+        final = ""
+        if continue_final_message:
+            content = chat[-1].get("content") if chat else None
+            if not isinstance(content, str):
+                raise ConfigError("continue_final_message: the final message has no text")
+            final = content
+            chat[-1]["content"] = final + _CONTINUE_TAG
         try:
-            return self._template.render(
+            text: str = self._template.render(
                 messages=chat,
-                tools=None,
-                documents=None,
+                tools=None if tools is None else list(tools),
+                documents=None if documents is None else list(documents),
                 add_generation_prompt=add_generation_prompt,
                 **{**self._special_tokens, **variables},
             )
         except jinja2.TemplateError as exc:
             raise ConfigError(f"chat template: {exc}") from exc
+        if not continue_final_message:
+            return text
+        tag = _CONTINUE_TAG.strip()
+        if final.strip() not in text or tag not in text:
+            raise ConfigError(
+                "continue_final_message: the template dropped part of the final message"
+            )
+        at = text.rindex(tag)
+        if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+            return text[:at]
+        return text[:at].rstrip()  # the template trimmed the content's trailing space
+
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _aliased(message: Message) -> dict[str, Any]:
+    """A copy of ``message``; its reasoning, under whichever name it came, also as
+    ``reasoning_content`` and ``thinking`` (the names templates read), as transformers does."""
+    if len(message) <= 2:  # role and content: no reasoning
+        return dict(message)
+    for key in _REASONING_KEYS:
+        reasoning = message.get(key)
+        if reasoning is not None:
+            return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return dict(message)

@@ -3,17 +3,25 @@ gives exactly the ids of tokenizing the whole rendered prompt."""
 
 from __future__ import annotations
 
+import json
 import random
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.chat_templates import tool_tokenizer
 
 from kvtide.gateway.prompts import PrefixTokenCache, PromptHasher
 from kvtide.gateway.status import ApiError
 from kvtide.text import smollm2
+from kvtide.text.chat_request import ChatRequest, parse_chat_request
+
+
+def _req(messages: list[dict[str, str]]) -> ChatRequest:
+    return ChatRequest(tuple(messages))
 
 
 def _hasher(tok: object = None) -> PromptHasher:
@@ -70,7 +78,7 @@ def test_prefix_token_cache_equals_tokenizing_the_whole_prompt() -> None:
                 tok.apply_chat_template(messages, add_generation_prompt=True),
                 add_special_tokens=False,
             )
-            assert cache.tokenize(tok, messages).tolist() == direct
+            assert cache.tokenize(tok, _req(messages)).tolist() == direct
             messages.append({"role": "assistant", "content": " ".join(rng.choices(words, k=9))})
     assert cache.hits >= 6 * 3  # turn N reused turn N-1's ids
 
@@ -91,9 +99,9 @@ class _CountingTokenizer:
         return self.tok.encode_ids(text, add_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **variables: Any
     ) -> str:
-        return self.tok.apply_chat_template(messages, add_generation_prompt)
+        return self.tok.apply_chat_template(messages, add_generation_prompt, **variables)
 
 
 def test_a_shared_system_prompt_is_kept_apart_from_its_second_conversation_on() -> None:
@@ -109,7 +117,7 @@ def test_a_shared_system_prompt_is_kept_apart_from_its_second_conversation_on() 
             tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False
         )
         before = tok.encoded_chars
-        assert cache.tokenize(tok, messages).tolist() == direct
+        assert cache.tokenize(tok, _req(messages)).tolist() == direct
         encoded.append(tok.encoded_chars - before)
     assert (cache.misses, cache.hits) == (2, 3)
     assert encoded[0] > len(system["content"]) and encoded[1] > len(system["content"])
@@ -128,7 +136,7 @@ def test_one_off_first_messages_are_held_once() -> None:
             {"role": "system", "content": f"[{i}] You are a helpful assistant. " * 10},
             {"role": "user", "content": "hi"},
         ]
-        ids = cache.tokenize(tok, messages)
+        ids = cache.tokenize(tok, _req(messages))
         sizes += len(ids) - len(cache._generation_suffix(tok)[1])  # type: ignore[index]
         assert len(cache._firsts) <= 8
     assert len(cache) == 20 and cache.tokens == sizes
@@ -166,7 +174,7 @@ def test_prefix_cache_holds_at_most_its_token_bound_and_hits_equal_full_tokeniza
         direct = tok.encode(
             tok.apply_chat_template(conv, add_generation_prompt=True), add_special_tokens=False
         )
-        assert cache.tokenize(tok, conv).tolist() == direct
+        assert cache.tokenize(tok, _req(conv)).tolist() == direct
         held = sum(len(ids) for _, ids in cache._entries.values())
         assert held == cache.tokens <= bound
         conv.append({"role": "assistant", "content": text[::-1]})
@@ -179,10 +187,81 @@ def test_prefix_cache_bound_keeps_the_most_recent_conversation_hitting() -> None
     cache = PrefixTokenCache(600)
     for i in range(20):
         messages = [{"role": "user", "content": f"conversation {i} " + "word " * 60}]
-        cache.tokenize(tok, messages)
+        cache.tokenize(tok, _req(messages))
         assert cache.tokens <= 600
         hits = cache.hits
         messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
-        cache.tokenize(tok, messages)
+        cache.tokenize(tok, _req(messages))
         assert cache.hits == hits + 1
     assert len(cache) < 20
+
+
+_TOOLS = {
+    "a": [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}],
+    "b": [{"type": "function", "function": {"name": "fetch", "description": "a URL"}}],
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # which agent moves
+            st.booleans(),  # whether its reply calls a tool
+            st.lists(st.sampled_from(_WORDS), min_size=1, max_size=12),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_prefix_cache_with_tools_and_tool_calls_equals_full_tokenization(
+    stream: list[tuple[int, bool, list[str]]],
+) -> None:
+    """Agents under a tool-aware template: two share a system prompt and tools, one has other
+    tools, one none; replies call tools. Every answer is the ids of tokenizing the whole
+    rendered prompt, so an agent's tools and calls are part of its prefix in the cache's
+    keys, never mixed up with another's."""
+    tok = tool_tokenizer()
+    cache = PrefixTokenCache(100_000)
+    tools = [_TOOLS["a"], _TOOLS["a"], _TOOLS["b"], None]
+    system = {"role": "system", "content": "Be brief."}
+    convs: list[list[dict[str, Any]]] = [[system] for _ in tools]
+    for which, calls, words in stream:
+        text = " ".join(words)
+        conv = convs[which]
+        conv.append({"role": "user", "content": text})
+        body: dict[str, Any] = {"messages": conv}
+        if tools[which] is not None:
+            body["tools"] = tools[which]
+        req = parse_chat_request(body)
+        direct = tok.encode(req.render(tok), add_special_tokens=False)
+        assert cache.tokenize(tok, req).tolist() == direct
+        if calls:
+            fn = {"name": "search", "arguments": json.dumps({"q": text})}
+            call = {"id": f"c{len(conv)}", "type": "function", "function": fn}
+            conv.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            conv.append({"role": "tool", "tool_call_id": call["id"], "content": text[:5]})
+        conv.append({"role": "assistant", "content": text[::-1]})
+
+
+def test_tools_and_tool_calls_count_in_text_mode_identity() -> None:
+    """Without a tokenizer the prefix is the template's inputs: the same messages under other
+    tools, or with another tool call in the history, share no blocks from the start (tools)
+    or from that message on (calls)."""
+    h = PromptHasher(16, 16, 100_000, 100_000)
+    system = {"role": "system", "content": "You are an agent. " * 8}
+    plain = h.chat({"messages": [system]}, 1).hashes.tolist()
+    assert plain and h.chat({"messages": [system]}, 1).hashes.tolist() == plain
+    assert not set(h.chat({"messages": [system], "tools": _TOOLS["a"]}, 1).hashes.tolist()) & set(
+        plain
+    )
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    reply = {"role": "assistant", "content": "x"}
+    user = {"role": "user", "content": "And the next question? " * 4}
+    a = h.chat({"messages": [system, {**reply, "tool_calls": [call]}, user]}, 1).hashes
+    b = h.chat({"messages": [system, reply, user]}, 1).hashes
+    shared = 0
+    while a[shared] == b[shared]:
+        shared += 1
+    # the system prompt's blocks (but for the one it ends in), not the turn after the call
+    assert len(plain) - 1 <= shared < len(b) - 2

@@ -1,0 +1,96 @@
+"""An agent through `kvtide serve` in front of two `kvtide engine` processes whose tokenizer has
+a tool-aware chat template: the request's tools, the assistant's tool calls and the tool
+results are rendered by the gateway as the engines render them, so every request's prompt is
+the engine's to the token and the hits the gateway predicts from the engines' KV events are
+the hits they report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.chat_templates import TOOL_TEMPLATE
+from tests.integration.gateway.procs import (
+    access_log_lines,
+    emulated_engines,
+    free_port,
+    gateway,
+    openai_client,
+)
+
+from kvtide.text import smollm2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "track_parcel",
+            "description": "Where a parcel is now. " * 6,
+            "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+        },
+    }
+]
+
+
+def _tokenizer_dir(root: Path) -> Path:
+    tok = smollm2()
+    root.mkdir()
+    (root / "tokenizer.json").write_text(tok.backend.to_str())
+    config = {**tok.special_tokens, "chat_template": TOOL_TEMPLATE}
+    (root / "tokenizer_config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_tools_and_tool_calls_are_the_engines_prompt(tmp_path: Path) -> None:
+    tokenizer = str(_tokenizer_dir(tmp_path / "tok"))
+    log = tmp_path / "access.jsonl"
+    engines = emulated_engines(2, "--tokenizer", tokenizer)
+    gw = None
+    try:
+        replicas = []
+        for e in engines:
+            replicas += ["--replica", f"{e.url}=emu,events={e.events},replay={e.replay}"]
+        port = free_port()
+        gw = gateway(port, *replicas, "--tokenizer", tokenizer, "--access-log", str(log))
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        history: list[dict[str, Any]] = [
+            {"role": "system", "content": "You track parcels for a shipping company. " * 8}
+        ]
+        for turn in range(4):
+            history.append({"role": "user", "content": f"Where is parcel {turn}?"})
+            c.chat.completions.create(
+                model="emu",
+                messages=history,  # type: ignore[arg-type]
+                tools=TOOLS,  # type: ignore[arg-type]
+                max_tokens=2,
+            )
+            call = {
+                "id": f"call_{turn}",
+                "type": "function",
+                "function": {"name": "track_parcel", "arguments": json.dumps({"id": str(turn)})},
+            }
+            history.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": "In Zürich."})
+            time.sleep(0.5)  # the engine's KV events reach the gateway's index
+        lines = access_log_lines(log, 4)
+    finally:
+        if gw is not None:
+            gw.stop()
+        for e in engines:
+            e.stop()
+    for line in lines:
+        assert line["status"] == 200, line
+        # the gateway's prompt is the engine's: tools and calls rendered as the engine does
+        assert line["prompt_tokens"] == line["engine_prompt_tokens"], line
+    for line in lines[1:]:  # each turn on the engine holding the last, hits predicted exactly
+        assert line["cached_tokens"] > 0, line
+        assert abs(line["predicted_cached_tokens"] - line["cached_tokens"]) < 16, line
+    assert len({line["replica"] for line in lines}) == 1

@@ -1,0 +1,55 @@
+"""Run under the peer-libraries venv: chat request bodies rendered and tokenized as vLLM's
+OpenAI server does (its request class, its message parser, its template call into
+transformers), for a tokenizer and template given as files. Exit 3 when a module is missing.
+
+    python peer_chat_render.py SPEC.json   # prints [{"text", "ids"} | {"error"}, ...]
+
+SPEC: {"tokenizer_json": PATH, "special_tokens": {...}, "template": STR, "bodies": [...]}.
+vLLM's ``ModelConfig`` is the one stand-in: the two attributes text-only parsing reads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+import warnings
+from typing import Any
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    warnings.simplefilter("ignore")
+    try:
+        from transformers import PreTrainedTokenizerFast
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.renderers.chat_utils.chat_message import parse_chat_messages
+        from vllm.renderers.hf import safe_apply_chat_template
+    except ImportError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(3)
+    tok = PreTrainedTokenizerFast(tokenizer_file=spec["tokenizer_json"], **spec["special_tokens"])
+    template = spec["template"]
+    model_config = types.SimpleNamespace(multimodal_config=None, enable_prompt_embeds=False)
+    out: list[dict[str, Any]] = []
+    for body in spec["bodies"]:
+        try:
+            req = ChatCompletionRequest(**body)
+            params = req.build_chat_params(template, "string")
+            conv, _, _ = parse_chat_messages(req.messages, model_config, "string")
+            tools = None if req.tools is None else [t.model_dump() for t in req.tools]
+            kwargs = dict(params.chat_template_kwargs)
+            text = safe_apply_chat_template(
+                model_config, tok, conv, tools=tools, chat_template=template, tokenize=False,
+                **kwargs,
+            )  # fmt: skip
+            ids = tok.encode(text, add_special_tokens=False)
+            out.append({"text": text, "ids": ids})
+        except Exception as exc:  # a request vLLM refuses: the reason, for the test's message
+            out.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

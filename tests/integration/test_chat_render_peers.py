@@ -1,0 +1,162 @@
+"""Chat requests rendered by kvtide as vLLM renders them, differentially: agent conversations
+(tools, tool calls with JSON arguments, tool results, names, reasoning, documents,
+``chat_template_kwargs``, text parts, ``add_generation_prompt`` off, ``continue_final_message``)
+through vLLM's own request class, message parser and template call (under the peer-libraries
+venv: ``KVTIDE_PEER_PYTHON``, built by bench/setup_peers.sh) and through kvtide's one parser,
+as the emulated engine renders them and as the gateway's prefix cache tokenizes them turn by
+turn. Skipped when that interpreter or a module is absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.chat_templates import tool_tokenizer
+
+from kvtide.errors import RequestError
+from kvtide.gateway.prompts import PrefixTokenCache
+from kvtide.text import Tokenizer, smollm2
+from kvtide.text.chat_request import parse_chat_request
+
+PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
+SCRIPT = Path(__file__).with_name("peer_chat_render.py")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+WORDS = ["ship", "parcel", "Zürich", "42", "\n", "don't", "—", "émigré", "x", "{", '"q"']
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choices(WORDS, k=rng.randint(1, n)))
+
+
+def _tool(rng: random.Random, i: int) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": f"tool_{i}"}
+    if rng.random() < 0.7:
+        fn["description"] = _words(rng, 8)
+    if rng.random() < 0.7:
+        fn["parameters"] = {"type": "object", "properties": {"q": {"type": "string"}}}
+    if rng.random() < 0.3:
+        fn["strict"] = rng.random() < 0.5
+    return {"type": "function", "function": fn}
+
+
+def _arguments(rng: random.Random) -> Any:
+    return rng.choice(
+        [
+            json.dumps({"q": _words(rng, 4), "n": rng.randint(0, 9)}),
+            '{"q": "unclosed',  # malformed: vLLM renders {}
+            "[1, 2]",  # not an object: {}
+            "",
+        ]
+    )
+
+
+def _content(rng: random.Random) -> Any:
+    if rng.random() < 0.25:
+        return [{"type": "text", "text": _words(rng, 6)} for _ in range(rng.randint(1, 3))]
+    return _words(rng, 12)
+
+
+def _turn(rng: random.Random, k: int) -> list[dict[str, Any]]:
+    """A user message, then an assistant reply, possibly a tool call and its result."""
+    user: dict[str, Any] = {"role": "user", "content": _content(rng)}
+    if rng.random() < 0.2:
+        user["name"] = "ana"
+    out = [user]
+    if rng.random() < 0.5:
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": "tool_0", "arguments": _arguments(rng)}}  # fmt: skip
+        reply: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        if rng.random() < 0.3:
+            reply["reasoning"] = _words(rng, 5)
+        out += [reply, {"role": "tool", "tool_call_id": f"call_{k}", "content": _words(rng, 10)}]
+    out.append({"role": "assistant", "content": _words(rng, 9)})
+    return out
+
+
+def _conversations(seed: int, n: int) -> list[list[dict[str, Any]]]:
+    """``n`` conversations, each its requests turn by turn (the history resent each time)."""
+    rng = random.Random(seed)
+    convs = []
+    for c in range(n):
+        base: dict[str, Any] = {"model": "m"}
+        if rng.random() < 0.6:
+            base["tools"] = [_tool(rng, i) for i in range(rng.randint(1, 2))]
+        if rng.random() < 0.2:
+            base["documents"] = [{"title": "doc", "text": _words(rng, 10)}]
+        if rng.random() < 0.3:
+            base["chat_template_kwargs"] = {"enable_thinking": rng.random() < 0.5}
+        history: list[dict[str, Any]] = [{"role": "system", "content": f"agent {c % 3}"}]
+        requests = []
+        for k in range(rng.randint(1, 4)):
+            turn = _turn(rng, k)
+            body = {**base, "messages": history + turn[:1]}
+            if rng.random() < 0.1:
+                body["add_generation_prompt"] = False
+            requests.append(body)
+            history = history + turn
+        # an assistant prefill to continue
+        requests.append(
+            {**base, "messages": [*history, {"role": "user", "content": "go on"},
+                                  {"role": "assistant", "content": "The answer is"}],
+             "add_generation_prompt": False, "continue_final_message": True}
+        )  # fmt: skip
+        convs.append(requests)
+    return convs
+
+
+def _vllm(tok: Tokenizer, template: str, bodies: list[dict], tmp: Path) -> list[dict]:
+    if not PEER_PYTHON.exists():
+        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
+    (tmp / "tokenizer.json").write_text(tok.backend.to_str())
+    spec = {"tokenizer_json": str(tmp / "tokenizer.json"), "special_tokens": tok.special_tokens,
+            "template": template, "bodies": bodies}  # fmt: skip
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [str(PEER_PYTHON), str(SCRIPT), str(tmp / "spec.json")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if proc.returncode == 3:
+        pytest.skip(f"a peer module is not importable: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out: list[dict] = json.loads(proc.stdout)
+    return out
+
+
+@pytest.mark.parametrize("template", ["tools", "smollm2"])
+def test_kvtide_renders_and_tokenizes_chats_as_vllm(template: str, tmp_path: Path) -> None:
+    tok = tool_tokenizer() if template == "tools" else smollm2()
+    assert tok.chat_template is not None
+    convs = _conversations(seed=11, n=40)
+    bodies = [body for conv in convs for body in conv]
+    expected = _vllm(tok, tok.chat_template.source, bodies, tmp_path)
+    cache = PrefixTokenCache(1_000_000)
+    rendered = 0
+    for body, want in zip(bodies, expected, strict=True):
+        try:
+            engine_req = parse_chat_request(body, media="refuse")
+            gateway_req = parse_chat_request(body, media="skip")
+        except RequestError as exc:  # kvtide refuses only what vLLM refuses too
+            assert "error" in want, (exc, body)
+            continue
+        if "error" in want:  # vLLM refuses more (its own checks): nothing to compare
+            continue
+        rendered += 1
+        text = engine_req.render(tok)
+        assert text == want["text"], body
+        # the gateway: what its prefix cache gives turn after turn, hits included
+        assert cache.tokenize(tok, gateway_req).tolist() == want["ids"], body
+    assert rendered >= len(bodies) * 0.9  # the cases reached the template, not vLLM's refusals
+    assert cache.hits > 0
+    if template == "tools":  # the cases exercised what the tool template reads
+        joined = "".join(w.get("text", "") for w in expected)
+        for piece in ("Tools:", "<call>tool_0 {}", '<call>tool_0 {"q"', "Documents:", "<think>"):
+            assert piece in joined, piece
