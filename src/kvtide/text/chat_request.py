@@ -16,8 +16,10 @@ its own error body.
 
 Not modelled: images and other media parts (the gateway skips them, the emulated engine
 refuses them: their placeholder text depends on the model), vLLM's ``"openai"`` content format
-(templates that iterate over content parts), ``reasoning_effort`` and vLLM's conversion of
-``developer`` messages for templates that lack that role.
+(templates that iterate over content parts), ``reasoning_effort``, vLLM's conversion of
+``developer`` messages for templates that lack that role, and SGLang's rendering where it
+differs from vLLM's (its messages are dumped by its own request class, every field present,
+unset ones as null; its tools are left out under ``tool_choice: none``).
 """
 
 from __future__ import annotations
