@@ -375,7 +375,7 @@ class EngineApp:
             self._check_ids(gen.prompt_ids, "prompt")
             return list(gen.prompt_ids)
         if gen.prompt_text is not None:
-            ids = self.tokenizer.encode(gen.prompt_text)
+            ids = self.tokenizer.encode(gen.prompt_text, gen.add_special_tokens)
         else:
             assert gen.chat is not None
             ids = self._render_chat(gen.chat)

@@ -51,6 +51,9 @@ class Generation:
     priority: int = 0
     """vLLM's scheduling priority (lower first), honoured under ``--scheduling-policy
     priority``."""
+    add_special_tokens: bool = True
+    """A text completion's: the tokenizer's BOS (or whatever its post-processor adds), on by
+    default as in vLLM; off for a prompt a client rendered with its own template."""
 
 
 def _is_int(v: object) -> bool:
@@ -175,6 +178,7 @@ def parse_completion(body: object) -> Generation:
         ignore_eos=_opt_bool(body, "ignore_eos", False),
         cache_salt=_cache_salt(body),
         priority=_priority(body),
+        add_special_tokens=_opt_bool(body, "add_special_tokens", True),
     )
 
 

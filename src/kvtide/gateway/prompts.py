@@ -219,11 +219,17 @@ class PromptHasher:
         tok = self.tokenizer
         if tok is None:
             return self._text(prompt, seed)
+        # vLLM's: the tokenizer's BOS, unless a client that rendered its own template says not
+        special = body.get("add_special_tokens", True)
+        if type(special) is not bool:
+            raise ApiError(
+                BAD_REQUEST, "'add_special_tokens' must be a boolean", "add_special_tokens"
+            )
         if head_blocks and self._fits_untokenized((prompt,), 0):
-            got = tok.encode_head(prompt, head_blocks * self.block_tokens)
+            got = tok.encode_head(prompt, head_blocks * self.block_tokens, special)
             if got is not None:
                 return self._head(Head.of(prompt, got), head_blocks, seed, "prompt")
-        return self._tokens(tok.encode_ids(prompt), seed, "prompt")
+        return self._tokens(tok.encode_ids(prompt, special), seed, "prompt")
 
     def _fits_untokenized(self, texts: Iterable[str], extra: int) -> bool:
         """Whether the texts are within ``max_prompt_tokens`` however they tokenize: a token

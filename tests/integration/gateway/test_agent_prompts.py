@@ -1,8 +1,9 @@
-"""An agent through `kvtide serve` in front of two `kvtide engine` processes whose tokenizer has
-a tool-aware chat template: the request's tools, the assistant's tool calls and the tool
-results are rendered by the gateway as the engines render them, so every request's prompt is
-the engine's to the token and the hits the gateway predicts from the engines' KV events are
-the hits they report."""
+"""The gateway's prompt is the engine's, to the token, where vLLM builds more than the text:
+an agent through `kvtide serve` in front of two `kvtide engine` processes whose tokenizer has
+a tool-aware chat template (the request's tools, the assistant's tool calls and the tool
+results rendered by the gateway as the engines render them, and the hits the gateway predicts
+from the engines' KV events the hits they report); a completion's ``add_special_tokens``
+under a tokenizer that adds a BOS."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tokenizers
+import tokenizers.processors
 from tests.chat_templates import TOOL_TEMPLATE
 from tests.integration.gateway.procs import (
     access_log_lines,
@@ -40,10 +43,18 @@ TOOLS = [
 ]
 
 
-def _tokenizer_dir(root: Path) -> Path:
+def _tokenizer_dir(root: Path, bos: bool = False) -> Path:
+    """SmolLM2's vocabulary with ``TOOL_TEMPLATE``; with ``bos``, a BOS added to every
+    encoding (as Llama's tokenizers do)."""
     tok = smollm2()
     root.mkdir()
-    (root / "tokenizer.json").write_text(tok.backend.to_str())
+    backend = tokenizers.Tokenizer.from_str(tok.backend.to_str())
+    if bos:
+        start = tok.special_tokens["bos_token"]
+        backend.post_processor = tokenizers.processors.TemplateProcessing(
+            single=f"{start} $A", special_tokens=[(start, backend.token_to_id(start))]
+        )
+    (root / "tokenizer.json").write_text(backend.to_str())
     config = {**tok.special_tokens, "chat_template": TOOL_TEMPLATE}
     (root / "tokenizer_config.json").write_text(json.dumps(config))
     return root
@@ -94,3 +105,45 @@ def test_tools_and_tool_calls_are_the_engines_prompt(tmp_path: Path) -> None:
         assert line["cached_tokens"] > 0, line
         assert abs(line["predicted_cached_tokens"] - line["cached_tokens"]) < 16, line
     assert len({line["replica"] for line in lines}) == 1
+
+
+def test_a_completion_without_special_tokens_is_the_engines_prompt(tmp_path: Path) -> None:
+    """A client that renders its own template sends ``add_special_tokens: false``; with a
+    tokenizer that adds a BOS, the engine's prompt is then one token shorter, and so is the
+    gateway's."""
+    tokenizer = str(_tokenizer_dir(tmp_path / "tok", bos=True))
+    log = tmp_path / "access.jsonl"
+    engines = emulated_engines(1, "--tokenizer", tokenizer)
+    gw = None
+    try:
+        e = engines[0]
+        port = free_port()
+        gw = gateway(
+            port,
+            "--replica",
+            f"{e.url}=emu,events={e.events},replay={e.replay}",
+            "--tokenizer",
+            tokenizer,
+            "--access-log",
+            str(log),
+        )
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        prompt = "<|im_start|>user\nWhere is parcel 7?<|im_end|>\n<|im_start|>assistant\n"
+        counts = []
+        for special in (True, False):
+            r = c.completions.create(
+                model="emu",
+                prompt=prompt,
+                max_tokens=1,
+                extra_body={"add_special_tokens": special},
+            )
+            assert r.usage is not None
+            counts.append(r.usage.prompt_tokens)
+        lines = access_log_lines(log, 2)
+    finally:
+        if gw is not None:
+            gw.stop()
+        for e in engines:
+            e.stop()
+    assert counts[0] == counts[1] + 1  # the BOS, added or not by the engine
+    assert [line["prompt_tokens"] for line in lines] == counts
