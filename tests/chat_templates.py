@@ -7,6 +7,11 @@ it cannot tell whether the rest reached the template."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
+
+import tokenizers
+import tokenizers.processors
 
 from kvtide.text import ChatTemplate, Tokenizer, smollm2
 
@@ -48,3 +53,32 @@ def tool_tokenizer() -> Tokenizer:
     tok = copy.copy(smollm2())
     tok.chat_template = ChatTemplate(TOOL_TEMPLATE, tok.special_tokens)
     return tok
+
+
+def _backend(bos: bool) -> tokenizers.Tokenizer:
+    """SmolLM2's vocabulary; with ``bos``, a BOS added to every encoding (as Llama's
+    tokenizers do; SmolLM2's adds nothing)."""
+    tok = smollm2()
+    backend = tokenizers.Tokenizer.from_str(tok.backend.to_str())
+    if bos:
+        start = tok.special_tokens["bos_token"]
+        backend.post_processor = tokenizers.processors.TemplateProcessing(
+            single=f"{start} $A", special_tokens=[(start, backend.token_to_id(start))]
+        )
+    return backend
+
+
+def bos_tokenizer() -> Tokenizer:
+    """SmolLM2's tokenizer adding a BOS to every encoding."""
+    base = smollm2()
+    return Tokenizer(_backend(bos=True), base.special_tokens)
+
+
+def write_tokenizer_dir(root: Path, bos: bool = False) -> Path:
+    """A tokenizer directory (``tokenizer.json``, ``tokenizer_config.json``) of SmolLM2's
+    vocabulary with ``TOOL_TEMPLATE``, for ``--tokenizer DIR`` of both servers."""
+    root.mkdir()
+    (root / "tokenizer.json").write_text(_backend(bos).to_str())
+    config = {**smollm2().special_tokens, "chat_template": TOOL_TEMPLATE}
+    (root / "tokenizer_config.json").write_text(json.dumps(config))
+    return root

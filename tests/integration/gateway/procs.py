@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,30 @@ def emulated_engines(n: int, *extra: str) -> list[Engine]:
 def gateway(port: int, *extra: str) -> Proc:
     args = [sys.executable, "-m", "kvtide", "serve", "--port", str(port), *extra]
     return Proc(args, f"http://127.0.0.1:{port}/health")
+
+
+@contextlib.contextmanager
+def engines_behind_gateway(
+    n: int, engine_flags: Sequence[str], *gateway_flags: str
+) -> Iterator[tuple[int, list[Engine]]]:
+    """``n`` emulated engines (``engine_flags`` added) behind `kvtide serve`
+    (``gateway_flags`` added), each replica with its event and replay sockets: the gateway's
+    port and the engines, every process stopped by PID afterwards."""
+    engines: list[Engine] = []
+    gw: Proc | None = None
+    try:
+        engines += emulated_engines(n, *engine_flags)
+        replicas = []
+        for e in engines:
+            replicas += ["--replica", f"{e.url}=emu,events={e.events},replay={e.replay}"]
+        port = free_port()
+        gw = gateway(port, *replicas, *gateway_flags)
+        yield port, engines
+    finally:
+        if gw is not None:
+            gw.stop()
+        for e in engines:
+            e.stop()
 
 
 def access_log_lines(path: Path, n: int, timeout_s: float = 10.0) -> list[dict]:

@@ -8,26 +8,13 @@ under a tokenizer that adds a BOS."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tokenizers
-import tokenizers.processors
-from tests.chat_templates import TOOL_TEMPLATE
-from tests.integration.gateway.procs import (
-    access_log_lines,
-    emulated_engines,
-    free_port,
-    gateway,
-    openai_client,
-)
-
-from kvtide.text import smollm2
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.chat_templates import write_tokenizer_dir
+from tests.integration.gateway.procs import access_log_lines, engines_behind_gateway, openai_client
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -43,34 +30,11 @@ TOOLS = [
 ]
 
 
-def _tokenizer_dir(root: Path, bos: bool = False) -> Path:
-    """SmolLM2's vocabulary with ``TOOL_TEMPLATE``; with ``bos``, a BOS added to every
-    encoding (as Llama's tokenizers do)."""
-    tok = smollm2()
-    root.mkdir()
-    backend = tokenizers.Tokenizer.from_str(tok.backend.to_str())
-    if bos:
-        start = tok.special_tokens["bos_token"]
-        backend.post_processor = tokenizers.processors.TemplateProcessing(
-            single=f"{start} $A", special_tokens=[(start, backend.token_to_id(start))]
-        )
-    (root / "tokenizer.json").write_text(backend.to_str())
-    config = {**tok.special_tokens, "chat_template": TOOL_TEMPLATE}
-    (root / "tokenizer_config.json").write_text(json.dumps(config))
-    return root
-
-
 def test_tools_and_tool_calls_are_the_engines_prompt(tmp_path: Path) -> None:
-    tokenizer = str(_tokenizer_dir(tmp_path / "tok"))
+    tokenizer = str(write_tokenizer_dir(tmp_path / "tok"))
     log = tmp_path / "access.jsonl"
-    engines = emulated_engines(2, "--tokenizer", tokenizer)
-    gw = None
-    try:
-        replicas = []
-        for e in engines:
-            replicas += ["--replica", f"{e.url}=emu,events={e.events},replay={e.replay}"]
-        port = free_port()
-        gw = gateway(port, *replicas, "--tokenizer", tokenizer, "--access-log", str(log))
+    flags = ("--tokenizer", tokenizer)
+    with engines_behind_gateway(2, flags, *flags, "--access-log", str(log)) as (port, _):
         c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         history: list[dict[str, Any]] = [
             {"role": "system", "content": "You track parcels for a shipping company. " * 8}
@@ -92,11 +56,6 @@ def test_tools_and_tool_calls_are_the_engines_prompt(tmp_path: Path) -> None:
             history.append({"role": "tool", "tool_call_id": call["id"], "content": "In Zürich."})
             time.sleep(0.5)  # the engine's KV events reach the gateway's index
         lines = access_log_lines(log, 4)
-    finally:
-        if gw is not None:
-            gw.stop()
-        for e in engines:
-            e.stop()
     for line in lines:
         assert line["status"] == 200, line
         # the gateway's prompt is the engine's: tools and calls rendered as the engine does
@@ -111,22 +70,10 @@ def test_a_completion_without_special_tokens_is_the_engines_prompt(tmp_path: Pat
     """A client that renders its own template sends ``add_special_tokens: false``; with a
     tokenizer that adds a BOS, the engine's prompt is then one token shorter, and so is the
     gateway's."""
-    tokenizer = str(_tokenizer_dir(tmp_path / "tok", bos=True))
+    tokenizer = str(write_tokenizer_dir(tmp_path / "tok", bos=True))
     log = tmp_path / "access.jsonl"
-    engines = emulated_engines(1, "--tokenizer", tokenizer)
-    gw = None
-    try:
-        e = engines[0]
-        port = free_port()
-        gw = gateway(
-            port,
-            "--replica",
-            f"{e.url}=emu,events={e.events},replay={e.replay}",
-            "--tokenizer",
-            tokenizer,
-            "--access-log",
-            str(log),
-        )
+    flags = ("--tokenizer", tokenizer)
+    with engines_behind_gateway(1, flags, *flags, "--access-log", str(log)) as (port, _):
         c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         prompt = "<|im_start|>user\nWhere is parcel 7?<|im_end|>\n<|im_start|>assistant\n"
         counts = []
@@ -140,10 +87,5 @@ def test_a_completion_without_special_tokens_is_the_engines_prompt(tmp_path: Pat
             assert r.usage is not None
             counts.append(r.usage.prompt_tokens)
         lines = access_log_lines(log, 2)
-    finally:
-        if gw is not None:
-            gw.stop()
-        for e in engines:
-            e.stop()
     assert counts[0] == counts[1] + 1  # the BOS, added or not by the engine
     assert [line["prompt_tokens"] for line in lines] == counts

@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from engine_process import Engine
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from tests.integration.gateway.procs import Proc, emulated_engines, free_port, gateway
-from tests.integration.gateway.test_agent_prompts import _tokenizer_dir
+from tests.chat_templates import write_tokenizer_dir
+from tests.integration.gateway.procs import engines_behind_gateway
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -143,26 +142,10 @@ _requests = st.one_of(
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
-    tokenizer = str(_tokenizer_dir(tmp_path_factory.mktemp("fuzz") / "tok"))
-    engines: list[Engine] = []
-    gw: Proc | None = None
-    try:
-        engines += emulated_engines(1, "--tokenizer", tokenizer)
-        e = engines[0]
-        port = free_port()
-        gw = gateway(
-            port,
-            "--replica",
-            f"{e.url}=emu,events={e.events},replay={e.replay}",
-            "--tokenizer",
-            tokenizer,
-        )
-        yield {"gateway": port, "engine": e.port}
-    finally:
-        if gw is not None:
-            gw.stop()
-        for e in engines:
-            e.stop()
+    tokenizer = str(write_tokenizer_dir(tmp_path_factory.mktemp("fuzz") / "tok"))
+    flags = ("--tokenizer", tokenizer)
+    with engines_behind_gateway(1, flags, *flags) as (port, engines):
+        yield {"gateway": port, "engine": engines[0].port}
 
 
 def _check(conn: http.client.HTTPConnection, path: str, body: Any) -> None:

@@ -10,16 +10,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-import tokenizers
-import tokenizers.processors
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.chat_templates import tool_tokenizer
+from tests.chat_templates import bos_tokenizer, tool_tokenizer
 
 from kvtide.core.hashing import hash_tokens
 from kvtide.gateway.prompts import PrefixTokenCache, PromptHasher
 from kvtide.gateway.status import ApiError
-from kvtide.text import Tokenizer, smollm2
+from kvtide.text import smollm2
 from kvtide.text.chat_request import ChatRequest, parse_chat_request
 
 
@@ -270,22 +268,11 @@ def test_tools_and_tool_calls_count_in_text_mode_identity() -> None:
     assert len(plain) - 1 <= shared < len(b) - 2
 
 
-def _bos_tokenizer() -> Tokenizer:
-    """SmolLM2's vocabulary with a BOS added to every encoding (as Llama's tokenizers do)."""
-    base = smollm2()
-    backend = tokenizers.Tokenizer.from_str(base.backend.to_str())
-    bos = base.special_tokens["bos_token"]
-    backend.post_processor = tokenizers.processors.TemplateProcessing(
-        single=f"{bos} $A", special_tokens=[(bos, backend.token_to_id(bos))]
-    )
-    return Tokenizer(backend, base.special_tokens)
-
-
 def test_a_completion_asking_for_no_special_tokens_is_hashed_without_them() -> None:
     """vLLM's ``add_special_tokens`` (default true): a client that rendered its own template
     into a completion's prompt turns the BOS off, and the engine's blocks then start without
     it; the gateway's must too, whole or as a head."""
-    tok = _bos_tokenizer()
+    tok = bos_tokenizer()
     h = PromptHasher(16, 64, 100_000, 100_000, tok)
     text = "Deliver the parcel to the north depot before noon. " * 40
     for special in (True, False):
