@@ -145,15 +145,23 @@ def identity_text(req: ChatRequest) -> str:
 
 
 def completion_prompt(body: Mapping[str, Any]) -> str | list[int]:
-    """``prompt``: one string or one list of token ids (n=1, no batches)."""
+    """``prompt``: one string or one list of token ids, or a batch of one of either (n=1), as
+    the engines take it. Ids are checked here, not by the hashing: a negative or 64-bit one
+    is the client's 400, not the gateway's 500."""
     prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+    if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
+        if min(prompt) < 0 or max(prompt) > _MAX_ID:
+            raise ApiError(BAD_REQUEST, "'prompt' token ids must be in [0, 2**31)", "prompt")
         return prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return str(prompt[0])
     raise ApiError(BAD_REQUEST, "'prompt' must be a string or a list of token ids", "prompt")
+
+
+_MAX_ID = (1 << 31) - 1
+"""Token ids are int32 in every engine's tensors (and the gateway's prefix cache)."""
 
 
 if sys.byteorder != "little":  # BlockHashes packs little-endian uint64

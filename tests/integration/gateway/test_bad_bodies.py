@@ -86,7 +86,11 @@ _chat = st.fixed_dictionaries(
 _completion = st.fixed_dictionaries(
     {
         "model": st.just("emu"),
-        "prompt": st.one_of(_text, st.lists(st.integers(0, 40_000), min_size=1, max_size=12)),
+        "prompt": st.one_of(
+            _text,
+            st.lists(st.integers(0, 40_000), min_size=1, max_size=12),
+            st.lists(st.integers(-(2**64), 2**64), min_size=1, max_size=3),
+        ),
         "max_tokens": st.integers(1, 3),
     },
     optional={"stream": st.booleans(), "cache_salt": _text, "priority": st.integers(-5, 5)},

@@ -53,7 +53,13 @@ def test_limits_and_malformed_prompts() -> None:
     with pytest.raises(ApiError) as err:
         h.completion({"prompt": "x" * 10_001}, 1)
     assert err.value.status.http == 413
-    for body in ({"prompt": 3}, {"prompt": ["a", "b"]}, {"prompt": []}):
+    bad_ids = ([-1, 5], [2**31], [2**63], [2**64 - 1], [1, True], [[-1]])
+    for body in (
+        {"prompt": 3},
+        {"prompt": ["a", "b"]},
+        {"prompt": []},
+        *({"prompt": ids} for ids in bad_ids),
+    ):
         with pytest.raises(ApiError) as err:
             h.completion(body, 1)
         assert err.value.status.http == 400 and err.value.param == "prompt"
@@ -61,6 +67,8 @@ def test_limits_and_malformed_prompts() -> None:
         with pytest.raises(ApiError) as err:
             h.chat({"messages": msgs}, 1)
         assert err.value.status.http == 400
+    # a batch of one, as the engines take it
+    assert h.completion({"prompt": [[7, 8] * 40]}, 1) == h.completion({"prompt": [7, 8] * 40}, 1)
     with pytest.raises(ApiError) as err:
         h.completion({"prompt": list(range(5000))}, 1)
     assert err.value.status.http == 413
