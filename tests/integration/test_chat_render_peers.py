@@ -75,8 +75,14 @@ def _turn(rng: random.Random, k: int) -> list[dict[str, Any]]:
         reply: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
         if rng.random() < 0.3:
             reply["reasoning"] = _words(rng, 5)
-        out += [reply, {"role": "tool", "tool_call_id": f"call_{k}", "content": _words(rng, 10)}]
-    out.append({"role": "assistant", "content": _words(rng, 9)})
+        result = {"role": "tool", "tool_call_id": f"call_{k}", "content": _content(rng)}
+        if rng.random() < 0.3:
+            result["name"] = "tool_0"
+        out += [reply, result]
+    reply = {"role": "assistant", "content": _content(rng)}
+    if rng.random() < 0.15:  # fields vLLM drops or ignores
+        reply.update({"tool_calls": None, "reasoning_content": "old name", "refusal": None})
+    out.append(reply)
     return out
 
 

@@ -162,10 +162,11 @@ def _message(m: object, where: str, media: MediaParts) -> dict[str, Any]:
             calls = _tool_calls(calls, f"{where}.tool_calls")
             if calls:  # an empty list is dropped: the template takes the plain path
                 out["tool_calls"] = calls
-        reasoning = m.get("reasoning")
+        key = "reasoning" if m.get("reasoning") is not None else "reasoning_content"
+        reasoning = m.get(key)  # the deprecated name where the new one is absent, as vLLM
         if reasoning is not None:
             if not isinstance(reasoning, str):
-                raise RequestError(f"'{where}.reasoning' must be a string", f"{where}.reasoning")
+                raise RequestError(f"'{where}.{key}' must be a string", f"{where}.{key}")
             out["reasoning"] = out["reasoning_content"] = reasoning
     elif role == "tool" and "tool_call_id" in m:
         out["tool_call_id"] = m["tool_call_id"]

@@ -39,6 +39,8 @@ def test_messages_keep_what_vllm_keeps() -> None:
     assert _one({"role": "tool", "content": "r", "tool_call_id": "c1"})["tool_call_id"] == "c1"
     reasoned = _one({"role": "assistant", "content": "x", "reasoning": "why"})
     assert reasoned["reasoning"] == reasoned["reasoning_content"] == "why"
+    old_name = _one({"role": "assistant", "content": "x", "reasoning_content": "why"})
+    assert old_name["reasoning"] == "why"
     image = {"type": "image_url", "image_url": {"url": "data:,"}}
     assert _one({"role": "user", "content": [image, "caption"]}, "skip")["content"] == "caption"
     with pytest.raises(RequestError) as err:
