@@ -99,9 +99,13 @@ def _conversations(seed: int, n: int) -> list[list[dict[str, Any]]]:
         if rng.random() < 0.3:
             base["chat_template_kwargs"] = {"enable_thinking": rng.random() < 0.5}
         history: list[dict[str, Any]] = [{"role": "system", "content": f"agent {c % 3}"}]
+        if rng.random() < 0.2:  # vLLM makes it a system message, merged with the first
+            history.append({"role": "developer", "content": _words(rng, 6), "tools": []})
         requests = []
         for k in range(rng.randint(1, 4)):
             turn = _turn(rng, k)
+            if rng.random() < 0.1:
+                turn.insert(0, {"role": "developer", "content": "Be terse."})
             body = {**base, "messages": history + turn[:1]}
             if rng.random() < 0.1:
                 body["add_generation_prompt"] = False

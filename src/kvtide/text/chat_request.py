@@ -4,7 +4,9 @@ vLLM does not render ``messages`` as the client sent them. It rebuilds each mess
 (``vllm/renderers/chat_utils/chat_message.py``, vLLM 0.33, for templates that take content as
 a string): text parts joined with newlines, an assistant's ``tool_calls`` with each
 ``function.arguments`` parsed from its JSON string into an object, a tool result's
-``tool_call_id``, a ``name``, and nothing else the client sent. The request's ``tools``,
+``tool_call_id``, a ``name``, and nothing else the client sent; for a template that never
+names the ``developer`` role, developer messages as system messages, merged into one first
+system message. The request's ``tools``,
 ``documents``, ``add_generation_prompt``, ``continue_final_message`` and
 ``chat_template_kwargs`` are template inputs too: a tool-calling agent's tools are rendered into
 its system prompt by most tool-aware templates, ahead of every message.
@@ -16,8 +18,7 @@ its own error body.
 
 Not modelled: images and other media parts (the gateway skips them, the emulated engine
 refuses them: their placeholder text depends on the model), vLLM's ``"openai"`` content format
-(templates that iterate over content parts), ``reasoning_effort``, vLLM's conversion of
-``developer`` messages for templates that lack that role, and SGLang's rendering where it
+(templates that iterate over content parts), ``reasoning_effort``, and SGLang's rendering where it
 differs from vLLM's (its messages are dumped by its own request class, every field present,
 unset ones as null; its tools are left out under ``tool_choice: none``).
 """
@@ -58,6 +59,8 @@ class ChatRequest:
     messages: tuple[dict[str, Any], ...]
     add_generation_prompt: bool = True
     variables: Mapping[str, Any] = field(default_factory=dict)
+    developer: bool = False
+    """Whether a message has the ``developer`` role (rewritten for templates without it)."""
 
     @property
     def continues_final_message(self) -> bool:
@@ -74,8 +77,11 @@ class ChatRequest:
         variables = self.variables
         if messages is not None and "continue_final_message" in variables:
             variables = {k: v for k, v in variables.items() if k != "continue_final_message"}
+        chat = self.messages if messages is None else messages
+        if self.developer:
+            chat = developer_as_system(chat, getattr(renderer, "chat_template", None))
         return renderer.apply_chat_template(
-            self.messages if messages is None else messages,
+            chat,
             self.add_generation_prompt if add_generation_prompt is None else add_generation_prompt,
             **variables,
         )
@@ -133,7 +139,39 @@ def parse_chat_request(body: Mapping[str, Any], media: MediaParts = "refuse") ->
         variables["continue_final_message"] = True
     else:
         variables.pop("continue_final_message", None)
-    return ChatRequest(messages, add_generation_prompt, variables)
+    developer = any(m["role"] == "developer" for m in messages)
+    return ChatRequest(messages, add_generation_prompt, variables, developer)
+
+
+def developer_as_system(
+    messages: Sequence[Mapping[str, Any]], template: object
+) -> Sequence[Mapping[str, Any]]:
+    """vLLM's rewrite for a template that never names the ``developer`` role (its source has
+    no quoted ``developer``): developer messages become system messages (their ``tools``
+    dropped), and system messages anywhere but first, or more than one, are merged into one
+    first message, their non-empty contents joined by a blank line. ``template``: the
+    renderer's ``ChatTemplate`` (its ``source``); unknown, the messages stay as they are."""
+    source = getattr(template, "source", None)
+    if not isinstance(source, str) or '"developer"' in source or "'developer'" in source:
+        return messages
+    converted: list[Mapping[str, Any]] = []
+    for m in messages:
+        if m["role"] == "developer":
+            m = {k: v for k, v in m.items() if k != "tools"} | {"role": "system"}
+        converted.append(m)
+    systems: list[str] = []
+    rest: list[Mapping[str, Any]] = []
+    merge = False
+    for i, m in enumerate(converted):
+        if m["role"] != "system":
+            rest.append(m)
+            continue
+        merge = merge or i > 0 or bool(systems)
+        if m["content"]:
+            systems.append(m["content"])
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(systems)}, *rest]
 
 
 def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:

@@ -189,3 +189,38 @@ def test_continue_final_message_ends_inside_the_last_message() -> None:
     dropped = ChatTemplate("{% for m in messages %}[{{ m['role'] }}]{% endfor %}", {})
     with pytest.raises(ConfigError, match="continue_final_message"):
         dropped.render([{"role": "user", "content": "x"}], continue_final_message=True)
+
+
+def test_developer_messages_become_system_ones_for_templates_without_the_role() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "Be kind."},
+            {"role": "user", "content": "hi"},
+            {"role": "developer", "content": "Be terse.", "tools": []},
+        ]
+    }
+    req = parse_chat_request(body)
+    plain = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}", {})
+    assert req.render(_Renderer(plain), add_generation_prompt=False) == (
+        "<system>Be kind.\n\nBe terse.<user>hi"
+    )
+    knows = ChatTemplate(
+        "{% for m in messages %}{% if m.role == 'developer' %}!{% endif %}"
+        "<{{ m.role }}>{{ m.content }}{% endfor %}",
+        {},
+    )
+    assert req.render(_Renderer(knows), add_generation_prompt=False) == (
+        "<system>Be kind.<user>hi!<developer>Be terse."
+    )
+
+
+class _Renderer:
+    """A renderer over one ``ChatTemplate`` (what ``Tokenizer`` does for chats)."""
+
+    def __init__(self, template: ChatTemplate) -> None:
+        self.chat_template = template
+
+    def apply_chat_template(
+        self, messages: Any, add_generation_prompt: bool = True, **variables: Any
+    ) -> str:
+        return self.chat_template.render(messages, add_generation_prompt, **variables)
