@@ -357,7 +357,7 @@ class PrefixTokenCache:
         """The prompt's ids; or, with ``head_tokens``, for a conversation neither cached nor
         opening with a first message seen before, a ``Head`` of at least that many tokens
         (its entry holds the head until ``whole()`` or a later turn extends it)."""
-        if req.continues_final_message:  # ends inside the last message: rare, not cached
+        if req.continue_final_message:  # ends inside the last message: rare, not cached
             return _frozen(tok.encode_ids(req.render(tok), add_special_tokens=False))
         key = conversation_key(req)
         if not req.add_generation_prompt:

@@ -53,18 +53,16 @@ class ChatRenderer(Protocol):
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """The template's inputs. ``messages`` are plain dicts as vLLM builds them; ``variables``
-    are the rest (``tools``, ``documents``, ``continue_final_message``, the request's
-    ``chat_template_kwargs``), passed to the template as they are."""
+    are the rest (``tools``, ``documents``, the request's ``chat_template_kwargs``), passed to
+    the template as they are."""
 
     messages: tuple[dict[str, Any], ...]
     add_generation_prompt: bool = True
     variables: Mapping[str, Any] = field(default_factory=dict)
     developer: bool = False
     """Whether a message has the ``developer`` role (rewritten for templates without it)."""
-
-    @property
-    def continues_final_message(self) -> bool:
-        return bool(self.variables.get("continue_final_message"))
+    continue_final_message: bool = False
+    """The text ends inside the last message (an assistant prefill the model continues)."""
 
     def render(
         self,
@@ -73,17 +71,19 @@ class ChatRequest:
         add_generation_prompt: bool | None = None,
     ) -> str:
         """The prompt text; ``messages`` and ``add_generation_prompt`` replace the request's
-        (a conversation's first messages rendered alone, by the gateway's prefix cache)."""
-        variables = self.variables
-        if messages is not None and "continue_final_message" in variables:
-            variables = {k: v for k, v in variables.items() if k != "continue_final_message"}
+        (a conversation's first messages rendered alone, by the gateway's prefix cache: no
+        final message of the request's to continue there)."""
         chat = self.messages if messages is None else messages
         if self.developer:
             chat = developer_as_system(chat, getattr(renderer, "chat_template", None))
+        if self.continue_final_message and messages is None:
+            return renderer.apply_chat_template(
+                chat, False, continue_final_message=True, **self.variables
+            )
         return renderer.apply_chat_template(
             chat,
             self.add_generation_prompt if add_generation_prompt is None else add_generation_prompt,
-            **variables,
+            **self.variables,
         )
 
 
@@ -122,6 +122,7 @@ def parse_chat_request(body: Mapping[str, Any], media: MediaParts = "refuse") ->
         # the request's own fields win, as in vLLM (its merge_kwargs)
         variables.update(kwargs)
         variables.pop("add_generation_prompt", None)
+        variables.pop("continue_final_message", None)
     tools = _tools(body.get("tools"))
     if tools is not None:
         variables["tools"] = tools
@@ -130,17 +131,14 @@ def parse_chat_request(body: Mapping[str, Any], media: MediaParts = "refuse") ->
         if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
             raise RequestError("'documents' must be an array of objects", "documents")
         variables["documents"] = documents
-    if continue_final:
-        if not isinstance(messages[-1].get("content"), str) or not messages[-1]["content"]:
-            raise RequestError(
-                "'continue_final_message' needs a final message with text to continue",
-                "continue_final_message",
-            )
-        variables["continue_final_message"] = True
-    else:
-        variables.pop("continue_final_message", None)
+    final = messages[-1].get("content")
+    if continue_final and not (isinstance(final, str) and final):
+        raise RequestError(
+            "'continue_final_message' needs a final message with text to continue",
+            "continue_final_message",
+        )
     developer = any(m["role"] == "developer" for m in messages)
-    return ChatRequest(messages, add_generation_prompt, variables, developer)
+    return ChatRequest(messages, add_generation_prompt, variables, developer, continue_final)
 
 
 def developer_as_system(

@@ -110,11 +110,10 @@ def test_flags_and_template_kwargs() -> None:
         }
     )
     # the request's own add_generation_prompt wins over chat_template_kwargs', as in vLLM
-    assert not req.add_generation_prompt and req.continues_final_message
+    assert not req.add_generation_prompt and req.continue_final_message
     assert req.variables == {
         "enable_thinking": True,
         "documents": [{"title": "t", "text": "d"}],
-        "continue_final_message": True,
     }
 
 
