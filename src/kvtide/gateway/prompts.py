@@ -117,11 +117,14 @@ message carries (tool calls, a tool call id) and, on the first, the request's ot
 inputs (tools, documents, ``chat_template_kwargs``), all of which change the rendered text."""
 
 
+def _rest(m: Mapping[str, Any]) -> bytes:
+    """A message's fields beyond role and content (tool calls, a call id, a name), as JSON."""
+    return orjson.dumps({k: m[k] for k in m if k not in _PLAIN})
+
+
 def conversation_key(req: ChatRequest) -> ConversationKey:
     key = [
-        (m["role"], m["content"])
-        if len(m) == 2
-        else (m["role"], m["content"], orjson.dumps({k: m[k] for k in m if k not in _PLAIN}))
+        (m["role"], m["content"]) if len(m) == 2 else (m["role"], m["content"], _rest(m))
         for m in req.messages
     ]
     if req.variables:
@@ -135,8 +138,7 @@ def identity_text(req: ChatRequest) -> str:
     text = "".join(
         f"\x00{m['role']}\x00{m['content']}"
         if len(m) == 2
-        else f"\x00{m['role']}\x00{m['content']}\x00"
-        + orjson.dumps({k: m[k] for k in m if k not in _PLAIN}).decode()
+        else f"\x00{m['role']}\x00{m['content']}\x00{_rest(m).decode()}"
         for m in req.messages
     )
     if req.variables:
