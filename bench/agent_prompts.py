@@ -37,8 +37,13 @@ from revision import git_rev
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
-from engine_process import Engine, start_engine  # noqa: E402
+from engine_process import Engine  # noqa: E402
 from tests.chat_templates import write_tokenizer_dir  # noqa: E402
+from tests.integration.gateway.procs import (  # noqa: E402
+    access_log_lines,
+    emulated_engines,
+    wait_http,
+)
 
 from kvtide.cli.processes import free_port  # noqa: E402
 
@@ -140,15 +145,9 @@ def one_run(src: Path, tokenizer: str, args: argparse.Namespace, tmp: Path) -> d
     gateway: subprocess.Popen[bytes] | None = None
     log = tmp / f"access-{time.monotonic_ns()}.jsonl"
     try:
-        for _ in range(args.engines):
-            engines.append(
-                start_engine(
-                    "--speedup", "20", "--served-model-name", "emu", "--tokenizer", tokenizer,
-                    "--kv-cache-tokens", str(args.kv_cache_tokens),
-                    "--kv-events-port", str(free_port()),
-                    "--kv-events-replay-port", str(free_port()),
-                )
-            )  # fmt: skip
+        engines += emulated_engines(
+            args.engines, "--tokenizer", tokenizer, "--kv-cache-tokens", str(args.kv_cache_tokens)
+        )
         port = free_port()
         cmd = [sys.executable, "-m", "kvtide", "serve", "--port", str(port), "--tokenizer",
                tokenizer, "--access-log", str(log)]  # fmt: skip
@@ -157,43 +156,18 @@ def one_run(src: Path, tokenizer: str, args: argparse.Namespace, tmp: Path) -> d
         env = dict(os.environ, PYTHONPATH=str(src))
         gateway = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
-        _wait(url + "/ready")
+        wait_http(url + "/ready", 30.0)
         system = "You are a logistics agent. " + _words(random.Random(args.seed), 150)
         plan = agents(args.agents, args.turns, args.tools, args.seed)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda a: run_agent(url, system, a), plan))
-        return summarize(_log_lines(log, args.agents * args.turns))
+        return summarize(access_log_lines(log, args.agents * args.turns, timeout_s=20.0))
     finally:
         if gateway is not None:
             gateway.terminate()
             gateway.wait(20)
         for e in engines:
             e.stop()
-
-
-def _wait(url: str, timeout_s: float = 30.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} not ready in {timeout_s} s")
-        time.sleep(0.1)
-
-
-def _log_lines(path: Path, n: int, timeout_s: float = 20.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while True:  # the gateway writes its access log every 0.5 s
-        lines = path.read_text().splitlines() if path.exists() else []
-        if len(lines) >= n or time.monotonic() > deadline:
-            return [json.loads(line) for line in lines]
-        time.sleep(0.1)
 
 
 def _positive_of(flag: str) -> Callable[[str], int]:

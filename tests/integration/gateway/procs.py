@@ -83,13 +83,14 @@ def backend(port: int, model: str = "m", *extra: str) -> Proc:
     return Proc([*args, *extra], f"http://127.0.0.1:{port}/health")
 
 
-def backend_stats(port: int) -> dict:
+def backend_stats(port: int) -> dict[str, Any]:
     """The test backend's counters (requests, running, aborted) from its ``/stats``."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as resp:
-        return json.load(resp)
+        stats: dict[str, Any] = json.load(resp)
+    return stats
 
 
-def wait_aborted(port: int, timeout_s: float = 5.0) -> dict:
+def wait_aborted(port: int, timeout_s: float = 5.0) -> dict[str, Any]:
     """The backend's counters once it has seen a request aborted (or ``timeout_s`` passed)."""
     deadline = time.monotonic() + timeout_s
     stats = backend_stats(port)
@@ -149,7 +150,7 @@ def engines_behind_gateway(
             e.stop()
 
 
-def access_log_lines(path: Path, n: int, timeout_s: float = 10.0) -> list[dict]:
+def access_log_lines(path: Path, n: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """The access log's lines once it has ``n`` (the gateway writes them every 0.5 s)."""
     deadline = time.monotonic() + timeout_s
     while True:
