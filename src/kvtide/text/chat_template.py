@@ -146,7 +146,7 @@ _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 def _aliased(message: Message) -> dict[str, Any]:
     """A copy of ``message``; its reasoning, under whichever name it came, also as
     ``reasoning_content`` and ``thinking`` (the names templates read), as transformers does."""
-    if len(message) <= 2:  # role and content: no reasoning
+    if len(message) <= 2 and "role" in message and "content" in message:  # the common one
         return dict(message)
     for key in _REASONING_KEYS:
         reasoning = message.get(key)

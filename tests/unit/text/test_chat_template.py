@@ -63,3 +63,14 @@ def test_loop_attributes_render_after_they_are_remembered() -> None:
     )
     messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     assert template.render(messages) == template.render(messages) == "1^user:a;2assistant:b$;"
+
+
+def test_reasoning_is_given_under_the_names_templates_read() -> None:
+    """As transformers: ``reasoning``, ``thinking`` or ``reasoning_content``, whichever came,
+    also under the other two; a message of role and reasoning alone too."""
+    t = ChatTemplate(
+        "{% for m in messages %}[{{ m.reasoning_content }}|{{ m.thinking }}]{% endfor %}", {}
+    )
+    assert t.render([{"role": "assistant", "reasoning": "why"}]) == "[why|why]"
+    assert t.render([{"role": "a", "content": "", "thinking": "t"}]) == "[t|t]"
+    assert t.render([{"role": "a", "content": "x"}]) == "[|]"
