@@ -27,6 +27,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
@@ -46,22 +47,44 @@ Op = tuple[str, list[KVEvent]]
 
 class EpochIngest(SequencedIngest[EngineEventBatch]):
     """``SequencedIngest`` that treats a live batch numbered below the one expected as an
-    engine restart. Only a replay legitimately sends old numbers (the batches held behind the
-    gap it repairs, again); ZMQ PUB/SUB never redelivers. (A restarted engine that has already
-    published past the old numbering looks like a gap instead; the health checker's
-    re-admission restarts the intake for that case.)"""
+    engine restart. ZMQ PUB/SUB never redelivers, so old numbers come only from a replay, and
+    from the live copies of what a replay already gave: the replay that repairs a gap returns
+    every batch the engine buffers, including those published while it ran, which the SUB
+    socket then delivers again. Taken for a restart, those cleared the replica's every entry
+    after a lost batch under load. A live batch is such a copy when a replay gave its number
+    with the same publish stamp (a restarted engine's batch of that number has its own);
+    the replay's stamps are kept until the live stream passes its last. (A restarted engine
+    that has already published past the old numbering looks like a gap instead; the health
+    checker's re-admission restarts the intake for that case.)"""
 
     num_epochs = 0
     replaying = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # per replica: the last replay's batches, number -> publish stamp, in order
+        self._replayed: dict[ReplicaId, dict[int, float]] = {}
+
     def receive(
         self, replica: ReplicaId, seq: int, payload: EngineEventBatch, sent_s: float | None = None
     ) -> Gap | None:
+        if self.replaying:
+            self._replayed.setdefault(replica, {})[seq] = payload.ts
+            return super().receive(replica, seq, payload, sent_s)
+        replayed = self._replayed.get(replica)
+        if replayed is not None and seq > next(reversed(replayed)):
+            del self._replayed[replica]  # FIFO: no live copy of a replayed batch follows
+            replayed = None
         nxt = self.next_seq(replica)
-        if not self.replaying and nxt is not None and seq < nxt:
+        copy = replayed is not None and replayed.get(seq) == payload.ts
+        if nxt is not None and seq < nxt and not copy:
             self.num_epochs += 1
             self.rewind(replica)
         return super().receive(replica, seq, payload, sent_s)
+
+    def rewind(self, replica: ReplicaId) -> None:
+        self._replayed.pop(replica, None)
+        super().rewind(replica)
 
 
 class EpochSubscriber(KvEventSubscriber):

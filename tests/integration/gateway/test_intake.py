@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zmq
 
+from kvtide.clock import EpochClock
 from kvtide.core.hashing import hash_tokens
-from kvtide.gateway.intake import EventIntake
+from kvtide.gateway.intake import EpochIngest, EpochSubscriber, EventIntake
 from kvtide.routing.identity import namespace_seed
 from kvtide.routing.index import GlobalPrefixIndex
 from kvtide.state.kv_events import KvEventPublisher
@@ -148,3 +150,47 @@ def test_a_quiet_engines_poll_is_woken_for_a_restart_and_for_the_stop() -> None:
     restart_s, close_s = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert restart_s < 0.5
     assert close_s < 0.5
+
+
+def test_live_copies_of_replayed_batches_are_duplicates_not_a_restart() -> None:
+    """A replay returns every batch the engine buffers, those published while it ran too; the
+    SUB socket then delivers those again. They are duplicates: taken for a restart (numbers
+    below the next expected), they cleared the replica after a lost batch under load."""
+    pub_port, replay_port = _port(), _port()
+    endpoint, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
+    pub = KvEventPublisher(endpoint, replay)
+    pub.start_replay_thread()
+    applied: list[int] = []
+    cleared: list[ReplicaId] = []
+    ingest = EpochIngest(
+        lambda _r, b: applied.extend(e.block_hashes[0] for e in b.events),  # type: ignore[attr-defined]
+        cleared.append,
+        EpochClock(),
+    )
+    sub = EpochSubscriber(R, endpoint, ingest, replay_endpoint=replay)
+    try:
+        # slow joiner: probe until the subscriber hears the publisher
+        while not sub.poll(0.05):
+            pub.publish(EngineEventBatch(0.0, ()))
+        blocks = [np.arange(16 * i, 16 * i + 16) for i in range(6)]
+        first = pub.next_seq
+        for i, tokens in enumerate(blocks):  # the second is lost; all six queue at the SUB
+            pub.publish(EngineEventBatch(1.0, (_stored(tokens, None),)), drop=i == 1)
+        time.sleep(0.3)
+        # the first live batch applies, the third opens the gap, whose replay returns the
+        # second to the sixth; the SUB socket's fourth to sixth follow
+        assert sub.poll(0.0) == 5
+        assert sub.num_replays == 1
+        assert ingest.num_epochs == 0 and not cleared
+        assert applied == [1000 + 16 * i for i in range(6)]
+        assert ingest.next_seq(R) == first + 6
+        # past the replay, a number below the next expected is again a restart
+        pub.close()
+        pub = KvEventPublisher(endpoint, replay)
+        while not ingest.num_epochs:
+            pub.publish(EngineEventBatch(2.0, ()))
+            sub.poll(0.05)
+        assert cleared == [R]
+    finally:
+        sub.close()
+        pub.close()
