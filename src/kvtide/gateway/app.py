@@ -52,7 +52,7 @@ from kvtide.routing.router import Router
 from kvtide.routing.shadow import ShadowFleet
 from kvtide.routing.specs import build_policy, parse_router
 from kvtide.text import load_tokenizer
-from kvtide.types import ReplicaId
+from kvtide.types import BlockHash, ReplicaId, Tier
 
 log = logging.getLogger("kvtide.gateway")
 
@@ -162,7 +162,7 @@ class Gateway:
             self.shared = SharedState(
                 config.state,
                 config.state_prefix,
-                on_resync=self._resync_intake,
+                on_resync=self._resync_shared,
                 shadow_ttl_s=None if self.prompts.is_exact else SHADOW_TTL_S,
             )
             self.tenants.shared = True  # tokens per minute held across the replicas
@@ -295,27 +295,33 @@ class Gateway:
             task.cancel()
             self.task_group.create_task(_retire(task, intake))
         self.index.clear_replica(replica_id)
+        if self.shared is not None:
+            self.shared.forget(replica_id)
         self.telemetry.forget(replica_id)
         if self.shadow is not None:
             self.shadow.forget(replica_id)
 
-    def _model_of(self, replica: Replica) -> str:
-        return replica.spec.model or (min(replica.models) if replica.models else "default")
-
     def _start_intake(self, replica: Replica) -> None:
+        """Once the replica's base model is known (given, or read from its /v1/models): its
+        blocks are hashed in that model's namespace, or their LoRA adapter's, as requests
+        for either are. (Started before, every block of an engine added without a model
+        was hashed under a placeholder name for the intake's life.)"""
         spec = replica.spec
         if spec.events is None or not self.prompts.is_exact or self.task_group is None:
             return
+        base = replica.base_model
+        if base is None or replica.replica_id in self.intakes:
+            return  # _on_models starts it
 
-        def seed_for_salt(salt: str | None) -> int:
-            return self.seed(self._model_of(replica), salt or "")
+        def seed_for(salt: str | None, lora: str | None) -> int:
+            return self.seed(lora or base, salt or "")
 
         intake = EventIntake(
             replica.replica_id,
             spec.events,
             spec.replay,
             self.config.block_tokens,
-            seed_for_salt,
+            seed_for,
             self.index,
             after_commit=self.shared.write if self.shared is not None else None,
             health=self.router.health,
@@ -333,10 +339,18 @@ class Gateway:
         except Exception:  # a broken stream must not take the gateway down
             log.exception("KV event intake of %s stopped", intake.replica)
 
-    def _resync_intake(self, replica_id: ReplicaId) -> None:
-        intake = self.intakes.get(replica_id)
-        if intake is not None:
-            intake.restart()
+    def _resync_shared(self, replica_id: ReplicaId) -> None:
+        """Redis is back, or this gateway took the engine's lease: its entries there are
+        rewritten from the local index (kept whole through the outage by the intake)."""
+        shared, index = self.shared, self.index
+        if shared is None or replica_id not in self.intakes or self.task_group is None:
+            return
+        assert isinstance(index, GlobalPrefixIndex)  # intakes run in token mode only
+
+        def held() -> dict[Tier, list[BlockHash]]:
+            return {t: index.blocks_of(replica_id, t) for t in Tier}
+
+        self.task_group.create_task(shared.resync(replica_id, held))
 
     async def _maintain_shared(self) -> None:
         shared = self.shared
@@ -356,6 +370,10 @@ class Gateway:
     def _on_scraped(self, replica: Replica, body: bytes) -> None:
         self.telemetry.scraped(replica.replica_id, body)
         self.telemetry.tick()  # the early warning runs between the gateway's own scrapes too
+
+    def _on_models(self, replica: Replica) -> None:
+        if self.replicas.get(replica.replica_id) is replica:  # not removed meanwhile
+            self._start_intake(replica)
 
     def _on_up(self, replica: Replica) -> None:
         self.metrics.healthy.labels(replica.replica_id).set(1)
@@ -579,6 +597,7 @@ class Gateway:
         )
 
         self.checker.on_scraped = self._on_scraped  # the engines' kvtide_cache_* counters
+        self.checker.on_models = self._on_models
         await asyncio.gather(*(self.checker.discover(r) for r in self.replicas))
         for r in self.replicas:
             self.metrics.healthy.labels(r.replica_id).set(1)

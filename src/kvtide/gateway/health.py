@@ -94,6 +94,8 @@ class HealthChecker:
         self.on_up = on_up
         self.on_scraped = on_scraped
         """Receives each /metrics body read (the telemetry's engine counters)."""
+        self.on_models: Callable[[Replica], None] | None = None
+        """Told after each /v1/models read (the gateway starts an intake waiting for it)."""
 
     async def _get(self, base_url: str, path: str) -> bytes | None:
         return await self.pool.get(base_url, path, self.timeout_s)
@@ -105,13 +107,19 @@ class HealthChecker:
             return False
         try:
             data = orjson.loads(body).get("data", [])
-            ids = {str(m["id"]) for m in data if isinstance(m, dict) and "id" in m}
+            listed = [m for m in data if isinstance(m, dict) and "id" in m]
         except (ValueError, AttributeError, TypeError):
             return False
+        ids = {str(m["id"]) for m in listed}
+        # vLLM lists a LoRA adapter with its base model as ``parent``; a base has none
+        bases = sorted(str(m["id"]) for m in listed if m.get("parent") is None)
         if replica.spec.model:
             ids.add(replica.spec.model)
         replica.models = frozenset(ids)
+        replica.base_model = replica.spec.model or (bases[0] if bases else None)
         replica.answered = True
+        if self.on_models is not None:
+            self.on_models(replica)
         return True
 
     async def check(self, replica: Replica) -> None:

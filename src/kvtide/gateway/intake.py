@@ -112,8 +112,9 @@ _WAKE_IDS = itertools.count()
 
 
 class EventIntake:
-    """One engine's event stream. ``seed_for_salt`` gives the namespace seed the gateway
-    hashes that engine's requests in, from a stored block's ``cache_salt``. ``executor``: the
+    """One engine's event stream. ``seed_for`` gives the namespace seed the gateway hashes
+    that engine's requests in, from a stored block's ``cache_salt`` and ``lora_name`` (a
+    request for an adapter is hashed in the adapter's namespace). ``executor``: the
     thread its polls run in; by default one of its own, so that polls that wait a second
     never queue behind other engines' (``close`` shuts it down)."""
 
@@ -123,7 +124,7 @@ class EventIntake:
         endpoint: str,
         replay_endpoint: str | None,
         block_tokens: int,
-        seed_for_salt: Callable[[str | None], int],
+        seed_for: Callable[[str | None, str | None], int],
         index: IndexStore,
         executor: ThreadPoolExecutor | None = None,
         poll_s: float = 1.0,
@@ -142,15 +143,16 @@ class EventIntake:
         self.replay_endpoint = replay_endpoint
         self.after_commit = after_commit
         self._ops: list[Op] = []
-        seeds: dict[str | None, int] = {}
+        seeds: dict[tuple[str | None, str | None], int] = {}
 
-        def seed_for(e: EngineBlockStored) -> int:
-            seed = seeds.get(e.cache_salt)
+        def seed_of(e: EngineBlockStored) -> int:
+            key = (e.cache_salt, e.lora_name)
+            seed = seeds.get(key)
             if seed is None:
-                seed = seeds[e.cache_salt] = seed_for_salt(e.cache_salt)
+                seed = seeds[key] = seed_for(*key)
             return seed
 
-        self.translator = EventTranslator(block_tokens, seed_for)
+        self.translator = EventTranslator(block_tokens, seed_of)
         self.ingest = EpochIngest(self._stage_apply, self._stage_clear, EpochClock())
         self._published = ReplicaConsistency()
         self.subscriber = EpochSubscriber(

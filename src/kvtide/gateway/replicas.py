@@ -22,6 +22,7 @@ class Replica:
     __slots__ = (
         "allowance",
         "answered",
+        "base_model",
         "consecutive_failures",
         "draining",
         "eject_s",
@@ -44,6 +45,10 @@ class Replica:
         self.failover = failover
         self.state = ReplicaState(spec.replica_id, block_tokens=block_tokens)
         self.models: frozenset[str] = frozenset([spec.model] if spec.model else [])
+        self.base_model: str | None = spec.model
+        """The model its KV events' blocks without a LoRA adapter belong to: ``spec.model``,
+        else the one /v1/models lists with no ``parent`` (adapters name their base there);
+        None until read."""
         self.in_flight = 0
         self.consecutive_failures = 0
         self.is_down = False

@@ -16,7 +16,7 @@ it as it asks the event-fed one. Every gateway thus routes on what all of them p
 
 When Redis does not answer the gateway is degraded: it routes on its local index, says so in
 ``/ready`` and ``kvtide_gateway_state_degraded``, and when Redis answers again every engine it
-holds the lease of is resynced (its events replayed from the engine's buffer into both indexes).
+holds the lease of is resynced: its entries rewritten in Redis from this gateway's own index.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import redis.asyncio
 
@@ -33,12 +33,30 @@ from kvtide.core.hashing import BlockHashes
 from kvtide.errors import StateStoreError
 from kvtide.routing.index import PrefixMatch
 from kvtide.state.redis_store import AsyncRedisIndexStore
-from kvtide.types import BlockHash, ReplicaId
+from kvtide.types import BlockHash, ReplicaId, Tier
 
 log = logging.getLogger("kvtide.gateway")
 
 LEASE_S = 5.0
 """An intake lease lasts this long; its holder renews it every maintenance round (1 s)."""
+_CHUNK_BLOCKS = 4096
+"""Blocks written to Redis under one deadline (~0.1 s of pipelined writes here)."""
+
+
+def _chunks(events: Iterable[KVEvent]) -> Iterator[list[KVEvent]]:
+    """``events`` in order, cut so that no piece holds more than ``_CHUNK_BLOCKS`` blocks
+    (a larger event goes alone)."""
+    chunk: list[KVEvent] = []
+    size = 0
+    for e in events:
+        n = 0 if isinstance(e, AllBlocksCleared) else len(e.block_hashes)
+        if chunk and size + n > _CHUNK_BLOCKS:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(e)
+        size += n
+    if chunk:
+        yield chunk
 
 
 class SharedState:
@@ -68,6 +86,9 @@ class SharedState:
         self.on_resync = on_resync
         self.degraded = False
         self.owned: set[ReplicaId] = set()
+        self._locks: dict[ReplicaId, asyncio.Lock] = {}  # one writer at a time per engine
+        self._resyncing: set[ReplicaId] = set()
+        self.num_resyncs = 0
         self.others_in_flight: dict[ReplicaId, int] = {}
         self.num_errors = 0
         self._unsent: dict[str, int] = {}  # tenants' tokens charged here, not yet in Redis
@@ -98,10 +119,57 @@ class SharedState:
         events: list[KVEvent] = []
         for kind, batch in ops:
             events.extend([AllBlocksCleared()] if kind == "clear" else batch)
+        async with self._lock(replica):
+            await self._apply(replica, events)
+
+    async def resync(
+        self, replica: ReplicaId, held: Callable[[], Mapping[Tier, Sequence[BlockHash]]]
+    ) -> None:
+        """Rewrites the engine's entries in Redis from this gateway's own index (``held``: its
+        blocks per tier, read when the write starts), after Redis was away or when this
+        gateway takes the engine's lease. The local index is left as it is: rebuilding it
+        from the engine's replay buffer, as before, forgot every block older than the buffer
+        (a hot system prompt) in both indexes, and every block stored under one later."""
+        if replica in self._resyncing:
+            return
+        self._resyncing.add(replica)
         try:
-            await asyncio.wait_for(self.store.apply_all(replica, events), 4 * self.timeout_s)
+            async with self._lock(replica):  # the intake's writes wait: none before the clear
+                if replica not in self.owned or self.degraded:
+                    return
+                events: list[KVEvent] = [AllBlocksCleared()]
+                for tier, blocks in held().items():
+                    events.extend(
+                        BlockStored(tuple(blocks[i : i + _CHUNK_BLOCKS]), None, None, 0, tier)
+                        for i in range(0, len(blocks), _CHUNK_BLOCKS)
+                    )
+                await self._apply(replica, events)
+                self.num_resyncs += 1
+        finally:
+            self._resyncing.discard(replica)
+
+    def _lock(self, replica: ReplicaId) -> asyncio.Lock:
+        lock = self._locks.get(replica)
+        if lock is None:
+            lock = self._locks[replica] = asyncio.Lock()
+        return lock
+
+    async def _apply(self, replica: ReplicaId, events: list[KVEvent]) -> None:
+        """``events`` in pieces of at most ``_CHUNK_BLOCKS`` blocks, each under its own
+        deadline: a whole replay buffer under one (1 s) timed out past ~35k blocks, marked the
+        gateway degraded, and the resync on recovery wrote it again, forever."""
+        try:
+            for chunk in _chunks(events):
+                await asyncio.wait_for(self.store.apply_all(replica, chunk), 4 * self.timeout_s)
         except (StateStoreError, TimeoutError, OSError) as exc:
             self._failed(exc)
+
+    def forget(self, replica: ReplicaId) -> None:
+        """A replica removed from this gateway: its lease is no longer this gateway's to
+        write under (kept, a re-added replica's intake wrote a clear under another holder's
+        lease, and the holder's writes went to an epoch no query reads)."""
+        self.owned.discard(replica)
+        self.others_in_flight.pop(replica, None)
 
     def record(self, replica: ReplicaId, hashes: BlockHashes) -> None:
         """Text mode: a decision to share (written by ``write_decisions``, never on the request's

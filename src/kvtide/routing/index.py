@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.hashing import BlockHashes, as_block_hashes
@@ -225,6 +225,13 @@ class GlobalPrefixIndex:
             self.remove(replica, run, kind[1])
 
     # --- queries ---------------------------------------------------------------------------
+
+    def blocks_of(self, replica: ReplicaId, tier: Tier = Tier.DEVICE) -> list[BlockHash]:
+        """Every block ``replica`` holds in ``tier``, in no order; O(the table's slots)."""
+        b = self._bit_of.get(replica)
+        if b is None:
+            return []
+        return cast(list[BlockHash], self._table.keys_with(b, int(tier)))
 
     def holds(self, replica: ReplicaId, block: BlockHash, tier: Tier = Tier.DEVICE) -> bool:
         b = self._bit_of.get(replica)

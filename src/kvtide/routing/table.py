@@ -132,6 +132,17 @@ class BlockTable:
                     out[64 * w + b] = n
         return out
 
+    def keys_with(self, bit: int, tier: int) -> list[int]:
+        """The block hashes replica ``bit`` holds in ``tier``; O(slots), for a resync."""
+        views = self._mv[tier]
+        w, b = divmod(bit, 64)
+        if views is None or w >= len(views):
+            return []
+        held = np.flatnonzero(views[w] & np.uint64(1 << b))
+        keys = self._kv[held]
+        out: list[int] = (keys[keys > _TOMB] ^ np.uint64(_XOR)).tolist()
+        return out
+
     def grow_words(self, num_words: int) -> None:
         """Makes room for replica bits below ``64 · num_words``."""
         if num_words <= self.num_words:

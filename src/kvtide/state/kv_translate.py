@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from kvtide.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvtide.core.hashing import hash_tokens
+from kvtide.errors import KvtideError
 from kvtide.routing.index import IndexStore
 from kvtide.state.kv_wire import (
     EngineAllBlocksCleared,
@@ -81,7 +82,13 @@ class EventTranslator:
         out: list[KVEvent] = []
         for e in events:
             if isinstance(e, EngineBlockStored):
-                stored = self._stored(m, e)
+                try:
+                    stored = self._stored(m, e)
+                except (KvtideError, TypeError, ValueError, OverflowError):
+                    # a value the decoder let through that the hashing refuses: this event
+                    # is lost, not the intake (an exception here ended it for good)
+                    self.counters.malformed += 1
+                    continue
                 if stored is not None:
                     out.append(stored)
             elif isinstance(e, EngineBlockRemoved):

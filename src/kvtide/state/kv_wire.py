@@ -129,21 +129,28 @@ def _decode_event(raw: Any) -> EngineEvent:
         raise KvEventFormatError(f"an event is a tagged map or array, got {type(raw).__name__}")
     try:
         if tag == "BlockStored":
+            token_ids = tuple(int(t) for t in fields.get("token_ids") or ())
+            if token_ids and not 0 <= min(token_ids) <= max(token_ids) <= _MAX_TOKEN_ID:
+                raise ValueError("token ids out of [0, 2**63)")
+            block_size = int(fields["block_size"])
+            if block_size < 1:
+                raise ValueError(f"block_size {block_size}")
+            lora_name = _opt_str(fields.get("lora_name"), "lora_name")
             return EngineBlockStored(
                 block_hashes=tuple(_hash(h) for h in fields["block_hashes"]),
                 parent_block_hash=_opt_hash(fields.get("parent_block_hash")),
-                token_ids=tuple(int(t) for t in fields.get("token_ids") or ()),
-                block_size=int(fields["block_size"]),
-                lora_id=fields.get("lora_id"),
-                medium=fields.get("medium"),
-                lora_name=fields.get("lora_name"),
-                cache_salt=fields.get("cache_salt")
-                or _salt_of(fields.get("extra_keys"), fields.get("lora_name")),
+                token_ids=token_ids,
+                block_size=block_size,
+                lora_id=_opt_int(fields.get("lora_id"), "lora_id"),
+                medium=_opt_str(fields.get("medium"), "medium"),
+                lora_name=lora_name,
+                cache_salt=_opt_str(fields.get("cache_salt"), "cache_salt")
+                or _salt_of(fields.get("extra_keys"), lora_name),
             )
         if tag == "BlockRemoved":
             return EngineBlockRemoved(
                 block_hashes=tuple(_hash(h) for h in fields["block_hashes"]),
-                medium=fields.get("medium"),
+                medium=_opt_str(fields.get("medium"), "medium"),
             )
         if tag == "AllBlocksCleared":
             return EngineAllBlocksCleared()
@@ -174,6 +181,23 @@ def _hash(h: Any) -> EngineHash:
 
 def _opt_hash(h: Any) -> EngineHash | None:
     return None if h is None else _hash(h)
+
+
+_MAX_TOKEN_ID = (1 << 63) - 1
+"""What the block hashing takes (int64): an id beyond it, or a negative one, makes the batch
+malformed here, not an exception in the intake that ends it."""
+
+
+def _opt_str(value: Any, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{name} is a string or nil, got {type(value).__name__}")
+
+
+def _opt_int(value: Any, name: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"{name} is an integer or nil, got {type(value).__name__}")
 
 
 # --- encoding ---------------------------------------------------------------------------

@@ -42,8 +42,8 @@ def _stored(tokens: np.ndarray, salt: str | None, parent: int | None = None) -> 
     )
 
 
-def _seed(salt: str | None) -> int:
-    return namespace_seed("emu", (salt or "").encode())
+def _seed(salt: str | None, lora: str | None = None) -> int:
+    return namespace_seed(lora or "emu", (salt or "").encode())
 
 
 async def _until(cond, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -186,7 +186,7 @@ def test_live_copies_of_replayed_batches_are_duplicates_not_a_restart() -> None:
         assert ingest.next_seq(R) == first + 6
         # past the replay, a number below the next expected is again a restart
         pub.close()
-        pub = KvEventPublisher(endpoint, replay)
+        pub = asyncio.run(_bind_again(endpoint, replay))
         while not ingest.num_epochs:
             pub.publish(EngineEventBatch(2.0, ()))
             sub.poll(0.05)
