@@ -132,3 +132,7 @@ def test_agrees_with_a_dict_under_any_adds_and_removes(
         assert t._num_used == int(np.count_nonzero(t._kv != 0))
     for k in _UNIVERSE:
         assert t.tier_masks(k) == tuple(ref.get(k, [0, 0, 0]))
+    for bit in (0, 1, 65):  # what a resync writes: each replica's keys, per tier
+        for tier in range(3):
+            held = {k for k, masks in ref.items() if masks[tier] >> bit & 1}
+            assert sorted(t.keys_with(bit, tier)) == sorted(held)

@@ -73,6 +73,19 @@ def test_encode_then_decode_is_the_identity(legacy: bool) -> None:
     assert decode_batch(encode_batch(batch, legacy_arrays=legacy)) == batch
 
 
+def _stored(**fields: object) -> dict[str, object]:
+    """A vLLM BlockStored map, ``fields`` replacing its defaults."""
+    event: dict[str, object] = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": list(range(16)),
+        "block_size": 16,
+    }
+    event.update(fields)
+    return event
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -81,6 +94,16 @@ def test_encode_then_decode_is_the_identity(legacy: bool) -> None:
         msgpack.packb([1.0, [{"type": "Nope"}]]),
         msgpack.packb([1.0, [{"type": "BlockStored", "block_hashes": [1.5]}]]),
         msgpack.packb(["x", []]),
+        # values the block hashing or the index would refuse: the batch is malformed here
+        # (its sequence kept), not an exception in the intake that ends it
+        msgpack.packb([1.0, [_stored(token_ids=[-1] * 16)]]),
+        msgpack.packb([1.0, [_stored(token_ids=[1 << 63] * 16)]]),
+        msgpack.packb([1.0, [_stored(block_size=0)]]),
+        msgpack.packb([1.0, [_stored(medium=["GPU"])]]),
+        msgpack.packb([1.0, [_stored(lora_name=5)]]),
+        msgpack.packb([1.0, [_stored(cache_salt={"a": 1})]]),
+        msgpack.packb([1.0, [_stored(lora_id="x")]]),
+        msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": 3}]]),
     ],
 )
 def test_bad_payloads_raise_a_format_error(payload: bytes) -> None:
