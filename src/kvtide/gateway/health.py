@@ -133,12 +133,11 @@ class HealthChecker:
             elif not replica.models:
                 await self.discover(replica)
             if not replica.is_down:
-                replica.consecutive_failures = 0
-                replica.answered = True
+                replica.health_passed()
             return
         was_down = replica.is_down
         if not was_down:
-            replica.failed(now)
+            replica.health_failed(now)
         if replica.is_down and not was_down:
             log.warning("replica %s ejected (health check failed)", replica.replica_id)
             self.on_down(replica)

@@ -28,6 +28,7 @@ class Replica:
         "eject_s",
         "ejected_until_s",
         "failover",
+        "health_failures",
         "in_flight",
         "is_down",
         "models",
@@ -51,6 +52,7 @@ class Replica:
         None until read."""
         self.in_flight = 0
         self.consecutive_failures = 0
+        self.health_failures = 0  # of those, the ones health checks counted
         self.is_down = False
         self.answered = False
         """It has answered once (its models, a health check or a request). Until then it is
@@ -103,7 +105,7 @@ class Replica:
         return self.is_up and (self.allowance is None or self.in_flight < self.allowance)
 
     def succeeded(self) -> None:
-        self.consecutive_failures = 0
+        self.consecutive_failures = self.health_failures = 0
         self.answered = True
         if self.allowance is not None:
             self.allowance *= 2
@@ -119,6 +121,20 @@ class Replica:
         self.eject(now_s)
         return True
 
+    def health_failed(self, now_s: float) -> bool:
+        """A failed health check: a failure like a request's; True when it ejects."""
+        self.health_failures += 1
+        return self.failed(now_s)
+
+    def health_passed(self) -> None:
+        """A passing health check clears the failures health checks counted, not the
+        requests': an engine that answers /health but fails every completion is ejected
+        after ``eject_after`` of them, however many checks pass between (each check cleared
+        them all, so at moderate traffic it never was)."""
+        self.consecutive_failures = max(self.consecutive_failures - self.health_failures, 0)
+        self.health_failures = 0
+        self.answered = True
+
     def eject(self, now_s: float) -> None:
         self.is_down = True
         self.state.healthy = False
@@ -129,7 +145,7 @@ class Replica:
         """Back after an ejection, in slow start."""
         self.is_down = False
         self.state.healthy = not self.draining
-        self.consecutive_failures = 0
+        self.consecutive_failures = self.health_failures = 0
         self.allowance = self.failover.slow_start_requests
 
 

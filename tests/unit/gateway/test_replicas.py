@@ -30,6 +30,26 @@ def test_consecutive_failures_eject_and_success_resets() -> None:
     assert r.ejected_until_s == 7.0  # the ejection doubled
 
 
+def test_a_passing_health_check_clears_only_what_health_checks_counted() -> None:
+    """An engine that answers /health but fails every completion: passing checks between
+    the failures cleared them all, so it was never ejected at moderate traffic."""
+    rs = _set()
+    r = rs.get("h:1")
+    assert r is not None
+    assert not r.failed(0.0)  # a request failed
+    r.health_passed()
+    assert r.failed(0.0)  # the second request failure in a row ejects
+    r.readmit()
+    assert not r.health_failed(5.0)  # a check failed ...
+    r.health_passed()  # ... and the next passed: that failure is gone
+    assert not r.failed(5.0)
+    assert r.health_failed(5.0)  # a request failure and a check failure in a row
+    r.readmit()
+    assert not r.failed(9.0)
+    r.succeeded()  # a request that succeeds clears every kind
+    assert not r.health_failed(9.0)
+
+
 def test_slow_start_allowance_doubles_until_uncapped() -> None:
     rs = _set()
     r = rs.get("h:1")
