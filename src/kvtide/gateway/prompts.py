@@ -122,13 +122,15 @@ def _rest(m: Mapping[str, Any]) -> bytes:
     return orjson.dumps({k: m[k] for k in m if k not in _PLAIN})
 
 
-def conversation_key(req: ChatRequest) -> ConversationKey:
+def conversation_key(req: ChatRequest, scope: int = 0) -> ConversationKey:
+    """``scope`` (the request's namespace seed: its tenant and model) goes into the first
+    message's entry, so one tenant's conversations never answer another's."""
     key = [
         (m["role"], m["content"]) if len(m) == 2 else (m["role"], m["content"], _rest(m))
         for m in req.messages
     ]
-    if req.variables:
-        key[0] = (*key[0], orjson.dumps(req.variables))
+    first = (scope, *key[0])
+    key[0] = (*first, orjson.dumps(req.variables)) if req.variables else first
     return tuple(key)
 
 
@@ -215,7 +217,8 @@ class PromptHasher:
             and not self._fits_untokenized(texts, extra)
         ):
             head_blocks = 0
-        ids = self.prefix_cache.tokenize(tok, req, head_blocks * self.block_tokens)
+        _scope_memo(tok, seed)
+        ids = self.prefix_cache.tokenize(tok, req, head_blocks * self.block_tokens, seed)
         if isinstance(ids, Head):
             return self._head(ids, head_blocks, seed, "messages")
         return self._tokens(ids, seed, "messages")
@@ -235,6 +238,7 @@ class PromptHasher:
             raise ApiError(
                 BAD_REQUEST, "'add_special_tokens' must be a boolean", "add_special_tokens"
             )
+        _scope_memo(tok, seed)
         if head_blocks and self._fits_untokenized((prompt,), 0):
             got = tok.encode_head(prompt, head_blocks * self.block_tokens, special)
             if got is not None:
@@ -283,6 +287,15 @@ class PromptHasher:
             )
         arr = ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=np.int64)
         return Prompt(hash_tokens(arr, self.block_tokens, seed), len(ids))
+
+
+def _scope_memo(tok: PromptTokenizer, seed: int) -> None:
+    """The tokenizer's chunk memo answers this request's namespace only (its tenant's):
+    shared, a tenant could learn from the memo's counts on /metrics, or from the time a
+    request took, whether another had sent a text."""
+    memo = getattr(tok, "memo", None)
+    if memo is not None:
+        memo.scope = seed
 
 
 class PrefixTokenCache:
@@ -355,13 +368,16 @@ class PrefixTokenCache:
             self._suffixes[key] = suffix
         return self._suffixes[key]
 
-    def tokenize(self, tok: PromptTokenizer, req: ChatRequest, head_tokens: int = 0) -> Ids | Head:
+    def tokenize(
+        self, tok: PromptTokenizer, req: ChatRequest, head_tokens: int = 0, scope: int = 0
+    ) -> Ids | Head:
         """The prompt's ids; or, with ``head_tokens``, for a conversation neither cached nor
         opening with a first message seen before, a ``Head`` of at least that many tokens
-        (its entry holds the head until ``whole()`` or a later turn extends it)."""
+        (its entry holds the head until ``whole()`` or a later turn extends it). Entries
+        answer requests of the same ``scope`` only (the gateway's: the namespace seed)."""
         if req.continue_final_message:  # ends inside the last message: rare, not cached
             return _frozen(tok.encode_ids(req.render(tok), add_special_tokens=False))
-        key = conversation_key(req)
+        key = conversation_key(req, scope)
         if not req.add_generation_prompt:
             return self._conversation_ids(tok, key, req.render(tok), req, head_tokens)
         full = req.render(tok)

@@ -57,7 +57,10 @@ class ChunkMemo:
         self.cut = cut
         self.max_tokens = max_tokens
         self.chunk_chars = chunk_chars
-        self._entries: OrderedDict[str, Ids] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, str], Ids] = OrderedDict()
+        self.scope = 0
+        """Entries answer lookups of the scope they were stored in (a server sets it per
+        request: its tenant), so one client cannot learn what another sent."""
         self._doorkeeper = Doorkeeper(max_seen)
         self.tokens = 0
         """Token ids held now: never above ``max_tokens``."""
@@ -91,20 +94,21 @@ class ChunkMemo:
         """The ids of a part of a text that begins at its start or at a cut point and ends at
         a cut point (its ids alone are the whole text's there), through the memo."""
         entries = self._entries
-        found = entries.get(chunk)
+        key = (self.scope, chunk)
+        found = entries.get(key)
         if found is not None:
-            entries.move_to_end(chunk)
+            entries.move_to_end(key)
             self.hits += 1
             return found
         self.misses += 1
         ids = self.encode_part(chunk)
         if ids is None:
             return None
-        if not self._doorkeeper.seen_before(chunk):
+        if not self._doorkeeper.seen_before(key):
             return ids
         if len(ids) <= self.max_tokens:
             ids.flags.writeable = False  # handed to every text that holds the chunk
-            entries[chunk] = ids
+            entries[key] = ids
             self.tokens += len(ids)
             while self.tokens > self.max_tokens:
                 _, gone = entries.popitem(last=False)

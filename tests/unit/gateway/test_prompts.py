@@ -133,6 +133,26 @@ def test_a_shared_system_prompt_is_kept_apart_from_its_second_conversation_on() 
     assert max(encoded[2:]) < 100  # the question and its markup only
 
 
+def test_a_scope_never_answers_another_scopes_conversations() -> None:
+    """The gateway scopes the cache by the request's namespace seed (tenant and model): a
+    conversation one tenant sent is a miss for another, its system prompt too."""
+    tok = _CountingTokenizer()
+    cache = PrefixTokenCache(100_000)
+    system = {"role": "system", "content": "Answer in one word. " * 40}
+    for i in range(3):
+        cache.tokenize(tok, _req([system, {"role": "user", "content": f"q {i}?"}]), scope=1)
+    assert (cache.misses, cache.hits) == (2, 1)
+    messages = [system, {"role": "user", "content": "q 0?"}]
+    direct = tok.tok.encode(
+        tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False
+    )
+    before = tok.encoded_chars
+    assert cache.tokenize(tok, _req(messages), scope=2).tolist() == direct
+    assert cache.misses == 3 and tok.encoded_chars - before > len(system["content"])
+    assert cache.tokenize(tok, _req(messages), scope=1).tolist() == direct
+    assert cache.hits == 2
+
+
 def test_one_off_first_messages_are_held_once() -> None:
     """Conversations that each open with a message of their own: one entry each, holding
     each conversation's ids once (not again for its first message), and the doorkeeper stays

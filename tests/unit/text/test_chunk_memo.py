@@ -83,6 +83,27 @@ def test_a_shared_opening_is_encoded_once_it_was_seen_twice(memoized: Tokenizer)
     assert memo.misses - misses <= 2 * 2
 
 
+def test_a_scope_sees_only_the_chunks_stored_in_it(memoized: Tokenizer) -> None:
+    """A server sets the scope per request (its tenant): another tenant's text is neither
+    answered from the memo nor counted as its second sighting."""
+    rng = random.Random(3)
+    preamble = prose(rng, 1500)
+    memo = memo_of(memoized)
+    memo.scope = 1
+    for _ in range(2):
+        memoized.encode_ids(preamble + prose(rng, 40), add_special_tokens=False)
+    stored = len(memo)
+    assert stored > 0
+    memo.scope = 2
+    text = preamble + prose(rng, 40)
+    hits = memo.hits
+    assert memoized.encode_ids(text, False).tolist() == hf_ids(memoized, text)
+    assert memo.hits == hits and len(memo) == stored  # a first sighting in this scope
+    memo.scope = 1
+    memoized.encode_ids(preamble + prose(rng, 40), add_special_tokens=False)
+    assert memo.hits > hits
+
+
 def test_one_off_texts_are_not_kept(memoized: Tokenizer) -> None:
     rng = random.Random(2)
     memo = memo_of(memoized)
