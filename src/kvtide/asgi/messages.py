@@ -4,6 +4,7 @@ client that goes away. No framework: a handler is ``async (scope, receive, send)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -18,12 +19,24 @@ class Disconnected(Exception):
 
 
 class BodyTooLarge(Exception):
-    """The body exceeds the limit: ``declared`` is its Content-Length when that told."""
+    """The body exceeds the limit: ``declared`` is its Content-Length when that told;
+    ``has_more`` whether some of it is still unread (only then may a refusal read on: once
+    the last part is in, the server's next ``receive`` waits for the client to go away)."""
 
-    def __init__(self, limit: int, declared: int | None) -> None:
+    def __init__(self, limit: int, declared: int | None, has_more: bool) -> None:
         super().__init__(limit)
         self.limit = limit
         self.declared = declared
+        self.has_more = has_more
+
+
+class BodyTimeout(Exception):
+    """The body did not arrive whole within ``timeout_s``: a stalled client, whose request
+    would otherwise hold its handler (and a drain) for as long as it stays connected."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(timeout_s)
+        self.timeout_s = timeout_s
 
 
 class BadContentLength(Exception):
@@ -38,9 +51,19 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+def expects_continue(scope: Scope) -> bool:
+    """The client sent ``Expect: 100-continue``: it waits for a ``100 Continue`` (which the
+    server sends on the first ``receive``) before it uploads the body."""
+    value = header(scope, b"expect")
+    return value is not None and value.strip().lower() == b"100-continue"
+
+
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, timeout_s: float | None = None
+) -> bytes:
     """The whole request body; ``BodyTooLarge`` past ``limit`` bytes (by Content-Length before
-    reading anything, else as it arrives), ``Disconnected`` if the client goes away."""
+    reading anything, else as it arrives), ``BodyTimeout`` if it is not all in within
+    ``timeout_s`` (None: no deadline), ``Disconnected`` if the client goes away."""
     declared = header(scope, b"content-length")
     if declared is not None:
         try:
@@ -48,40 +71,47 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         except ValueError:
             raise BadContentLength from None
         if size > limit:
-            raise BodyTooLarge(limit, size)
-    msg = await receive()
-    if msg["type"] == "http.disconnect":
-        raise Disconnected
-    body: bytes = msg.get("body", b"")
-    if not msg.get("more_body", False):
-        if len(body) > limit:
-            raise BodyTooLarge(limit, None)
-        return body
-    chunks = [body]
-    size = len(body)
+            raise BodyTooLarge(limit, size, has_more=size > 0)
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            return await _receive_body(receive, limit)
+    except TimeoutError:
+        if timeout_s is None or not deadline.expired():  # not ours: the server's own
+            raise
+        raise BodyTimeout(timeout_s) from None
+
+
+async def _receive_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
             raise Disconnected
-        chunk = msg.get("body", b"")
+        chunk: bytes = msg.get("body", b"")
+        more_body = bool(msg.get("more_body", False))
         size += len(chunk)
         if size > limit:
-            raise BodyTooLarge(limit, None)
+            raise BodyTooLarge(limit, None, has_more=more_body)
         chunks.append(chunk)
-        if not msg.get("more_body", False):
+        if not more_body:
             return b"".join(chunks)
 
 
-async def discard_body(receive: Receive, max_bytes: int) -> None:
+async def discard_body(receive: Receive, max_bytes: int, timeout_s: float | None = None) -> None:
     """Reads and drops up to ``max_bytes`` more of a refused body, so that a client which
     sends its whole body before reading the answer (urllib, curl) gets the answer rather
-    than a broken pipe."""
-    size = 0
-    while size <= max_bytes:
-        msg = await receive()
-        if msg["type"] == "http.disconnect" or not msg.get("more_body", False):
-            return
-        size += len(msg.get("body", b""))
+    than a broken pipe; for at most ``timeout_s``, so a client that stalls does not hold the
+    answer. Call it only while some of the body is unread (``BodyTooLarge.has_more``)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            size = 0
+            while size <= max_bytes:
+                msg = await receive()
+                if msg["type"] == "http.disconnect" or not msg.get("more_body", False):
+                    return
+                size += len(msg.get("body", b""))
 
 
 async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:

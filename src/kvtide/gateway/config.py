@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,20 +35,76 @@ class ReplicaSpec:
         return urlsplit(self.url).netloc
 
     @classmethod
-    def parse(cls, text: str) -> ReplicaSpec:
-        """``URL[=model][,events=tcp://...][,replay=tcp://...]``."""
+    def parse(cls, text: str, name: str = "--replica") -> ReplicaSpec:
+        """``URL[=model][,events=tcp://...][,replay=tcp://...]``; a ConfigError naming ``name``
+        (the flag, the YAML key or the admin field it came from) when it is not that."""
         head, *items = text.split(",")
         url, _, model = head.partition("=")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"--replica {text!r}: expected http://HOST:PORT[=model][,events=..]")
+        _check_url(url, f"{name} {text!r}")
         opts: dict[str, str] = {}
         for item in items:
             key, sep, value = item.partition("=")
             if not sep or key not in ("events", "replay"):
-                raise ConfigError(f"--replica {text!r}: unknown option {item!r} (events, replay)")
+                raise ConfigError(f"{name} {text!r}: unknown option {item!r} (events, replay)")
+            _check_endpoint(value, f"{name} {text!r}: {key}")
             opts[key] = value
         return cls(url.rstrip("/"), model or None, opts.get("events"), opts.get("replay"))
+
+    def with_options(self, options: Mapping[str, Any], name: str) -> ReplicaSpec:
+        """This spec with the ``model``, ``events``, ``replay`` that ``options`` (a YAML entry,
+        an admin request) gives; each a string or null, else a ConfigError naming
+        ``name.KEY``. One not given (or null) keeps the URL's."""
+        given: dict[str, str] = {}
+        for key in REPLICA_OPTIONS:
+            value = check_replica_option(key, options.get(key), f"{name}.{key}")
+            if value:
+                given[key] = value
+        return dataclasses.replace(self, **given)
+
+
+REPLICA_OPTIONS = ("model", "events", "replay")
+"""What a replica entry (YAML mapping, admin request) may set beside its ``url``."""
+
+
+def check_replica_option(key: str, value: object, name: str) -> str | None:
+    """``value`` as a replica's ``key`` (one of ``REPLICA_OPTIONS``): a string or null, and for
+    ``events`` and ``replay`` a ZMQ endpoint; else a ConfigError naming ``name``. Checked
+    before a replica is added: the intake connects its sockets only after."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: expected a string or null, got {value!r}")
+    if key != "model" and value:
+        _check_endpoint(value, name)
+    return value
+
+
+def _check_endpoint(value: str, name: str) -> None:
+    transport, sep, address = value.partition("://")
+    ok = bool(sep) and transport.isalpha() and bool(address)
+    if ok and transport == "tcp":  # the one vLLM uses: a port is needed to connect
+        _, colon, port = address.rpartition(":")
+        ok = bool(colon) and port.isdigit() and 0 < int(port) < 65536
+    if not ok:
+        raise ConfigError(f"{name}: expected a ZMQ endpoint such as tcp://HOST:PORT, got {value!r}")
+
+
+def _check_url(url: str, name: str) -> None:
+    """A ConfigError naming ``name`` unless ``url`` is http(s)://HOST[:PORT] with a port in
+    1-65535 and no user or password (the host:port is the replica's id, in logs and metrics,
+    and its Host header: credentials would leak there)."""
+    expected = "expected http://HOST:PORT[=model][,events=..]"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # parsed on access: out of range or not a number raises
+    except ValueError as exc:
+        raise ConfigError(f"{name}: not a valid URL ({exc}); {expected}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name}: {expected}")
+    if port == 0:
+        raise ConfigError(f"{name}: port 0 is not a port to connect to; {expected}")
+    if "@" in parts.netloc:
+        raise ConfigError(f"{name}: user or password in the URL is not supported; {expected}")
 
 
 def _check_bounds(
@@ -109,12 +165,16 @@ class Timeouts:
     keep_alive_s: float = KEEP_ALIVE_S
     """An idle client connection is closed after this; longer than the clients' and load
     balancers' own idle timeouts (``kvtide.asgi.runner.KEEP_ALIVE_S`` says why)."""
+    body_s: float = 30.0
+    """Longest a client may take to send its whole request body; then a 408 and the
+    connection closes (``keep_alive_s`` does not run mid-request: a stalled upload would
+    hold its handler, and a SIGTERM's drain, for as long as it stays connected)."""
 
     def __post_init__(self) -> None:
         _check_bounds(
             "timeouts",
             self,
-            positive=("connect_s", "read_s", "health_s", "keep_alive_s", "queue_s"),
+            positive=("connect_s", "read_s", "health_s", "keep_alive_s", "queue_s", "body_s"),
             non_negative=("drain_s",),
         )
 
@@ -218,16 +278,25 @@ def _section(name: str, cls: type[Any], raw: object) -> Any:
         if f is None:
             raise ConfigError(f"{name}.{key}: unknown key (valid: {', '.join(known)})")
         default: Any = f.default
-        if isinstance(default, bool) or not isinstance(value, type(default) | int):
-            raise ConfigError(f"{name}.{key}: expected {type(default).__name__}, got {value!r}")
-        values[str(key)] = type(default)(value)
+        expected = f"{name}.{key}: expected {type(default).__name__}, got {value!r}"
+        # true is an int to Python, not a size or a number of seconds to anyone writing YAML
+        if isinstance(value, bool) or not isinstance(value, type(default) | int):
+            raise ConfigError(expected)
+        try:
+            values[str(key)] = type(default)(value)
+        except OverflowError:  # an integer too large for a float
+            raise ConfigError(expected) from None
     return cls(**values)
 
 
-def from_mapping(raw: Mapping[str, Any], source: str = "config") -> GatewayConfig:
+def from_mapping(
+    raw: Mapping[str, Any], source: str = "config", flags: Collection[str] = ()
+) -> GatewayConfig:
     """A config from parsed YAML; ``replicas`` entries are strings as ``--replica`` takes or
-    mappings with ``url``, ``model``, ``events``, ``replay``."""
-    known = {f.name for f in dataclasses.fields(GatewayConfig)} - {"config_path"}
+    mappings with ``url``, ``model``, ``events``, ``replay``. ``flags``: the keys whose values
+    came from the command line (their errors name the flag). A value of the wrong shape is a
+    ConfigError naming its key, never a TypeError from deeper down."""
+    known = {f.name for f in dataclasses.fields(GatewayConfig)} - {"config_path", "overrides"}
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in known:
@@ -235,7 +304,7 @@ def from_mapping(raw: Mapping[str, Any], source: str = "config") -> GatewayConfi
         if key in _SECTIONS:
             values[key] = _section(key, _SECTIONS[key], value)
         elif key == "replicas":
-            values[key] = tuple(_replica(source, item) for item in value or ())
+            values[key] = _replicas(source, value, from_flag=key in flags)
         elif key == "cold_heads":
             if not isinstance(value, bool):
                 raise ConfigError(f"{source}: {key}: expected true or false, got {value!r}")
@@ -244,25 +313,41 @@ def from_mapping(raw: Mapping[str, Any], source: str = "config") -> GatewayConfi
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"{source}: {key}: expected an integer, got {value!r}")
             values[key] = value
-        elif value is not None and not isinstance(value, str):
-            raise ConfigError(f"{source}: {key}: expected a string, got {value!r}")
-        else:
+        elif isinstance(value, str) or (value is None and key in _OPTIONAL):
             values[key] = value
+        else:
+            raise ConfigError(f"{source}: {key}: expected a string, got {value!r}")
     return GatewayConfig(**values)
 
 
-def _replica(source: str, item: object) -> ReplicaSpec:
+_OPTIONAL = {f.name for f in dataclasses.fields(GatewayConfig) if f.type == "str | None"}
+"""The string settings that may be null (off); ``state: null`` or ``policy: null`` is not a
+state or a policy."""
+
+
+def _replicas(source: str, raw: object, from_flag: bool) -> tuple[ReplicaSpec, ...]:
+    """Every entry checked before any is used: a reload with one bad entry changes nothing."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise ConfigError(f"{source}: replicas: expected a list of URLs or mappings, got {raw!r}")
+    names = (
+        ["--replica"] * len(raw)
+        if from_flag
+        else [f"{source}: replicas[{i}]" for i in range(len(raw))]
+    )
+    return tuple(_replica(name, item) for name, item in zip(names, raw, strict=True))
+
+
+def _replica(name: str, item: object) -> ReplicaSpec:
     if isinstance(item, str):
-        return ReplicaSpec.parse(item)
+        return ReplicaSpec.parse(item, name)
     if isinstance(item, Mapping) and isinstance(item.get("url"), str):
-        extra = set(item) - {"url", "model", "events", "replay"}
+        extra = set(item) - {"url", *REPLICA_OPTIONS}
         if extra:
-            raise ConfigError(f"{source}: replicas: unknown keys {sorted(extra)}")
-        spec = ReplicaSpec.parse(str(item["url"]))
-        return dataclasses.replace(
-            spec, model=item.get("model"), events=item.get("events"), replay=item.get("replay")
-        )
-    raise ConfigError(f"{source}: replicas: expected a URL string or a mapping with url")
+            raise ConfigError(f"{name}: unknown keys {sorted(map(str, extra))}")
+        return ReplicaSpec.parse(item["url"], f"{name}.url").with_options(item, name)
+    raise ConfigError(f"{name}: expected a URL string or a mapping with a url string")
 
 
 def read_yaml(path: str) -> dict[str, Any]:
@@ -270,6 +355,8 @@ def read_yaml(path: str) -> dict[str, Any]:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -287,6 +374,6 @@ def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) ->
     for key, value in (overrides or {}).items():
         if value is not None:
             raw[key] = value
-    config = from_mapping(raw, path or "flags")
     given = tuple((k, v) for k, v in (overrides or {}).items() if v is not None)
+    config = from_mapping(raw, path or "flags", flags={k for k, _ in given})
     return dataclasses.replace(config, config_path=path, overrides=given)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -32,16 +31,28 @@ from kvtide.asgi import (
     respond,
     watch_disconnect,
 )
-from kvtide.asgi.messages import BadContentLength, BodyTooLarge, discard_body
+from kvtide.asgi.messages import (
+    BadContentLength,
+    BodyTimeout,
+    BodyTooLarge,
+    discard_body,
+    expects_continue,
+)
 from kvtide.errors import ConfigError, KvtideError
 from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.app import Gateway, json_object
-from kvtide.gateway.config import GatewayConfig, ReplicaSpec
+from kvtide.gateway.config import (
+    REPLICA_OPTIONS,
+    GatewayConfig,
+    ReplicaSpec,
+    check_replica_option,
+)
 from kvtide.gateway.replicas import Replica
 from kvtide.gateway.status import (
     BAD_REQUEST,
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
+    REQUEST_TIMEOUT,
     TOO_LARGE,
     as_api_error,
 )
@@ -150,17 +161,27 @@ class GatewayApp:
         metrics.child(metrics.requests, endpoint, str(status)).inc()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        body_s = self.gateway.config.timeouts.body_s
         try:
-            return await read_body(scope, receive, self.max_body_bytes)
+            return await read_body(scope, receive, self.max_body_bytes, body_s)
         except BadContentLength:
             raise ApiError(BAD_REQUEST, "bad Content-Length header") from None
-        except BodyTooLarge as exc:
-            # read (and drop) a bounded tail: a connection closed on an unread body resets, and
-            # a client still sending (urllib, curl) would see a broken pipe, not the 413
-            await discard_body(receive, 2 * self.max_body_bytes)
-            raise ApiError(
-                TOO_LARGE, f"the request body exceeds {exc.limit} bytes", "body"
+        except BodyTimeout as exc:
+            raise _ClosingError(
+                REQUEST_TIMEOUT, f"the request body did not arrive within {exc.timeout_s:g} s"
             ) from None
+        except BodyTooLarge as exc:
+            message = f"the request body exceeds {exc.limit} bytes"
+            if exc.declared is not None and expects_continue(scope):
+                # nothing received, so no "100 Continue" sent: the client has not uploaded,
+                # and a receive() would tell it to; the 413 goes at once, closing
+                raise _ClosingError(TOO_LARGE, message, "body") from None
+            if exc.has_more:  # once the last part is in, receive() waits for a disconnect
+                # read (and drop) a bounded tail: a connection closed on an unread body
+                # resets, and a client still sending (urllib, curl) would see a broken pipe,
+                # not the 413
+                await discard_body(receive, 2 * self.max_body_bytes, body_s)
+            raise ApiError(TOO_LARGE, message, "body") from None
 
     # --- lifespan -----------------------------------------------------------------------------
 
@@ -292,14 +313,14 @@ class GatewayApp:
         url = body.get("url")
         if not isinstance(url, str):
             raise ApiError(BAD_REQUEST, "'url' must be a string", "url")
+        # all checked before anything is added: a model of 5 once added broke /v1/models
+        for key in REPLICA_OPTIONS:
+            try:
+                check_replica_option(key, body.get(key), key)
+            except ConfigError as exc:
+                raise ApiError(BAD_REQUEST, str(exc), key) from exc
         try:
-            spec = ReplicaSpec.parse(url)
-            spec = dataclasses.replace(
-                spec,
-                model=body.get("model") or spec.model,
-                events=body.get("events") or spec.events,
-                replay=body.get("replay") or spec.replay,
-            )
+            spec = ReplicaSpec.parse(url, "url").with_options(body, "body")
         except ConfigError as exc:
             raise ApiError(BAD_REQUEST, str(exc), "url") from exc
         replica = self.gateway.add_replica(spec)
@@ -323,6 +344,14 @@ class GatewayApp:
         replica = self._replica(scope)
         self.gateway.remove_replica(replica.replica_id)
         return await _json(send, 200, {"id": replica.replica_id, "removed": True})
+
+
+class _ClosingError(ApiError):
+    """A refusal after which the connection closes: the request's body is not (all) read, so
+    the connection cannot carry another request."""
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), (b"connection", b"close")]
 
 
 def _refuse(status: Any, message: str) -> Handler:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -23,7 +24,22 @@ def test_replica_spec_with_model_and_event_endpoints() -> None:
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("localhost:8000", "expected http"), ("http://h:1,evnts=x", "unknown option 'evnts=x'")],
+    [
+        ("localhost:8000", "expected http"),
+        ("http://h:1,evnts=x", "unknown option 'evnts=x'"),
+        # the intake connects these only once the replica is added: checked before
+        ("http://h:1,events=foo", r"'http://h:1,events=foo': events: expected a ZMQ endpoint"),
+        ("http://h:1,replay=tcp://h", "replay: expected a ZMQ endpoint such as tcp://HOST:PORT"),
+        ("http://h:1,events=", "events: expected a ZMQ endpoint"),
+        ("http://:80", "expected http"),
+        # urlsplit's and .port's ValueErrors, as ConfigErrors naming the flag
+        ("http://[::1", r"^--replica 'http://\[::1': not a valid URL \(Invalid IPv6 URL\)"),
+        ("http://h:99999", r"^--replica 'http://h:99999': not a valid URL \(Port out of range"),
+        ("http://h:x", "not a valid URL"),
+        ("http://h:0", "port 0 is not a port to connect to"),
+        # the host:port is the replica's id (logs, metrics) and its Host header
+        ("http://user:pw@h:1", "user or password in the URL is not supported"),
+    ],
 )
 def test_bad_replica_spec_names_the_problem(text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -77,6 +93,26 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
             r"^limits.max_concurrency: expected a finite number > 0",
         ),
         ("limits: {tokens_per_minute: -1}\n", r"^limits.tokens_per_minute: .* >= 0, got -1$"),
+        ("limits: {max_body_bytes: true}\n", r"^limits.max_body_bytes: expected int, got True$"),
+        (f"timeouts: {{read_s: {10**400}}}\n", r"^timeouts.read_s: expected float"),
+        ("timeouts: {body_s: 0}\n", r"^timeouts.body_s: expected a finite number > 0, got 0.0$"),
+        ("state: null\n", r"gw.yaml: state: expected a string, got None$"),
+        ("overrides: x\n", "unknown key 'overrides'"),
+        # wrong shapes: a ConfigError naming the key, not a TypeError (a SIGHUP logs it and
+        # keeps the running config; at startup it is one line and exit 2)
+        ("replicas: 5\n", r"gw.yaml: replicas: expected a list of URLs or mappings, got 5$"),
+        ("replicas: [5]\n", r"gw.yaml: replicas\[0\]: expected a URL string or a mapping"),
+        (
+            "replicas: [http://h:1, {url: 'http://h:2', model: 5}]\n",
+            r"gw.yaml: replicas\[1\].model: expected a string or null, got 5$",
+        ),
+        ("replicas: [{url: 'http://h:1', model: [m]}]\n", r"replicas\[0\].model: .* got \['m'\]$"),
+        ("replicas: [{url: 'http://h:1', events: 5}]\n", r"replicas\[0\].events: expected a str"),
+        ("replicas: [{url: 'http://h:1', replay: {}}]\n", r"replicas\[0\].replay: expected a str"),
+        ("replicas: [{url: 'http://h:1', events: x}]\n", r"replicas\[0\].events: expected a ZMQ"),
+        ("replicas: [{url: 'http://h:1', mdl: m}]\n", r"replicas\[0\]: unknown keys \['mdl'\]"),
+        ("replicas: ['http://[::1']\n", r"gw.yaml: replicas\[0\] 'http://\[::1': not a valid URL"),
+        ("replicas: [{url: 'http://u:p@h:1'}]\n", r"replicas\[0\].url 'http://u:p@h:1': user"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, match: str) -> None:
@@ -94,3 +130,57 @@ def test_the_readme_lists_every_section_key_with_its_default() -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         assert listed[name] == defaults, name
     assert set(listed) == set(gateway_config._SECTIONS)
+
+
+_SHAPES: list[object] = [5, 1.5, True, None, "x", [1], ["x"], [{"url": 5}], {"a": 1}]
+
+
+def _keys() -> list[str]:
+    top = [f.name for f in dataclasses.fields(gateway_config.GatewayConfig)]
+    nested = [
+        f"{name}.{f.name}"
+        for name, cls in gateway_config._SECTIONS.items()
+        for f in dataclasses.fields(cls)
+    ]
+    return top + nested + ["replicas.0", "replicas.0.url", "replicas.0.model"]
+
+
+def _doc(key: str, value: object) -> dict[str, Any]:
+    """A config with ``value`` at ``key`` ("limits.max_body_bytes"; "replicas.0.model": in a
+    list of one mapping with a url)."""
+    doc: dict[str, Any] = {}
+    *outer, last = key.split(".")
+    node: Any = doc
+    for part in outer:
+        if part == "replicas":
+            node = node.setdefault("replicas", [{"url": "http://h:1"}])
+        elif part == "0":
+            node = node[0]
+        else:
+            node = node.setdefault(part, {})
+    node[int(last) if isinstance(node, list) else last] = value
+    return doc
+
+
+@pytest.mark.parametrize("key", _keys())
+def test_a_value_of_any_shape_is_taken_or_one_config_error(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "gw.yaml"
+    for value in _SHAPES:
+        path.write_text(yaml.safe_dump(_doc(key, value)))
+        try:
+            load_config(str(path))
+        except ConfigError as exc:  # anything else (a TypeError) fails the test
+            assert "\n" not in str(exc)
+
+
+def test_a_bad_replica_flag_is_named_as_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text("replicas: [http://h:1]\n")
+    with pytest.raises(ConfigError, match=r"^--replica 'http://h:1=m,x': unknown option"):
+        load_config(str(path), {"replicas": ["http://h:1=m,x"]})
+
+
+def test_a_replica_mapping_keeps_the_model_its_url_names() -> None:
+    raw = {"replicas": [{"url": "http://h:1=m", "events": "tcp://h:2"}]}
+    (spec,) = gateway_config.from_mapping(raw).replicas
+    assert spec == ReplicaSpec("http://h:1", "m", "tcp://h:2", None)
