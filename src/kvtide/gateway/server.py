@@ -96,7 +96,6 @@ class GatewayApp:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.max_body_bytes = gateway.config.limits.max_body_bytes
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
@@ -161,9 +160,10 @@ class GatewayApp:
         metrics.child(metrics.requests, endpoint, str(status)).inc()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        body_s = self.gateway.config.timeouts.body_s
+        config = self.gateway.config  # read per request: a reload may change the limit
+        body_s, limit = config.timeouts.body_s, config.limits.max_body_bytes
         try:
-            return await read_body(scope, receive, self.max_body_bytes, body_s)
+            return await read_body(scope, receive, limit, body_s)
         except BadContentLength:
             raise ApiError(BAD_REQUEST, "bad Content-Length header") from None
         except BodyTimeout as exc:
@@ -180,7 +180,7 @@ class GatewayApp:
                 # read (and drop) a bounded tail: a connection closed on an unread body
                 # resets, and a client still sending (urllib, curl) would see a broken pipe,
                 # not the 413
-                await discard_body(receive, 2 * self.max_body_bytes, body_s)
+                await discard_body(receive, 2 * limit, body_s)
             raise ApiError(TOO_LARGE, message, "body") from None
 
     # --- lifespan -----------------------------------------------------------------------------
