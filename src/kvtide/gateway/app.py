@@ -25,7 +25,7 @@ from kvtide.clock import Clock, EpochClock, WallClock
 from kvtide.errors import KvtideError
 from kvtide.gateway.access_log import AccessLog, Exchange
 from kvtide.gateway.admission import Admission
-from kvtide.gateway.config import GatewayConfig, ReplicaSpec, load_config
+from kvtide.gateway.config import GatewayConfig, Limits, ReplicaSpec, load_config
 from kvtide.gateway.heads import RoutedHeads
 from kvtide.gateway.health import HealthChecker
 from kvtide.gateway.intake import EventIntake
@@ -424,24 +424,45 @@ class Gateway:
         exchange.stream = stream
         if stream:
             exchange.hide_usage = ask_usage(body)
-        max_tokens = _max_tokens(body)
+        max_tokens = _max_tokens(body, is_chat)
         prompt = self.prompt(body, is_chat, self.seed(model, tenant.salt))
         exchange.prompt_tokens = prompt.prompt_tokens
         exchange.tokenized = self.prompts.is_exact and prompt.whole is None
-        charged = prompt.prompt_tokens + max_tokens
-        self.tenants.admit(tenant, charged)
+        charged = self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
+        status: int | None = None
         try:
-            return await self._forward(
+            status = await self._forward(
                 send, path, body, tenant, prompt, model, stream, max_tokens, exchange
             )
+            return status
         finally:
             self.tenants.release(tenant)
-            if exchange.completion_tokens is not None:  # the engine's usage: what it took
-                prompt_tokens = exchange.engine_prompt_tokens or prompt.prompt_tokens
-                self.tenants.settle(tenant, charged, prompt_tokens + exchange.completion_tokens)
-                self._count_usage(
-                    tenant.name, prompt_tokens, exchange.completion_tokens, exchange.cached_tokens
-                )
+            self._settle(tenant, charged, prompt.prompt_tokens, exchange, status)
+
+    def _settle(
+        self,
+        tenant: Tenant,
+        charged: int,
+        prompt_tokens: int,
+        exchange: Exchange,
+        status: int | None,
+    ) -> None:
+        """Charges ``tenant`` what its request took, for ``charged`` at its admission
+        (``status``: its answer's, None where it ended in an exception or a cancellation)."""
+        completion = exchange.completion_tokens
+        if completion is not None:
+            # the engine's usage or, for a stream cut off before it, the tokens streamed
+            # (``Proxy``): the prompt counts too, the engine having prefilled it
+            prompt_tokens = exchange.engine_prompt_tokens or prompt_tokens
+            self.tenants.settle(tenant, charged, prompt_tokens + completion)
+            self._count_usage(tenant.name, prompt_tokens, completion, exchange.cached_tokens)
+        elif status != 200 or exchange.stream:
+            # refused (the engine's 4xx), failed (502, 503, 504) or cancelled before any
+            # output: no engine wrote a token, and a prefill one began was aborted with the
+            # request; the tenant is charged nothing
+            self.tenants.settle(tenant, charged, 0)
+        # else a whole answer without usage (an engine that reports none): the admission's
+        # estimate stands
 
     def _count_usage(
         self, tenant: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None
@@ -494,16 +515,21 @@ class Gateway:
         if self.access_log is not None:
             self.access_log.reopen()
         path = self.config.config_path
+        old_limits = self.tenants.limits
         try:
             new = load_config(path, dict(self.config.overrides)) if path else self.config
             policy = None
             if new.policy != self.config.policy:
                 # built before anything changes: a bad spec keeps the whole running config
                 policy = build_policy(self._policy_spec(new.policy), self.ctx)
-            self.tenants.limits = new.limits
-            self.tenants.load(new.api_keys)
-        except KvtideError as exc:
-            log.error("reload failed, keeping the running config: %s", exc)
+            self.tenants.limits = new.limits  # the keys file's defaults: load reads them
+            self.tenants.load(new.api_keys)  # all or nothing
+        except Exception as exc:  # a SIGHUP must never take the gateway down
+            self.tenants.limits = old_limits
+            log.error(
+                "reload failed, keeping the running config: %s",
+                exc if isinstance(exc, KvtideError) else f"{type(exc).__name__}: {exc}",
+            )
             return
         if policy is not None:
             # one assignment on the loop: the next request routes with it; the index and
@@ -521,11 +547,21 @@ class Gateway:
                 if self.replicas.get(rid) is None:
                     self.add_replica(spec)
         self._admin_key = new.admin_key
-        self.replicas.cap = new.limits.max_in_flight_per_replica
-        self.admission.max_queued = new.limits.max_queued
-        self.admission.release()  # a cap raised or lifted: waiters may go now
+        self._apply_limits(new.limits)
         self.config = dataclasses.replace(self.config, api_keys=new.api_keys, limits=new.limits)
         log.warning("reloaded %s", path or "the keys file")
+
+    def _apply_limits(self, limits: Limits) -> None:
+        """A reload's limits, into every part that holds a copy (before, only the keys
+        file's tenants and the queue caps changed: the prompt limits and the keyless
+        tenant's were read at start only)."""
+        self.prompts.max_prompt_chars = limits.max_prompt_chars
+        self.prompts.max_prompt_tokens = limits.max_prompt_tokens
+        self.tenants.default.max_concurrency = limits.max_concurrency
+        self.tenants.default.tokens_per_minute = limits.tokens_per_minute
+        self.replicas.cap = limits.max_in_flight_per_replica
+        self.admission.max_queued = limits.max_queued
+        self.admission.release()  # a cap raised or lifted: waiters may go now
 
     # --- status ----------------------------------------------------------------------------
 
@@ -660,8 +696,13 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _max_tokens(body: dict[str, Any]) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
+def _max_tokens(body: dict[str, Any], is_chat: bool) -> int:
+    """The completion tokens a request may take, read as the engines read them: a chat
+    request's ``max_completion_tokens``, else its ``max_tokens``; a completion's
+    ``max_tokens`` alone (vLLM and kvtide engine ignore ``max_completion_tokens`` there).
+    Unset: 16, a completion's default, and for chat an estimate that the request is
+    settled on once its tokens are known (``Gateway._settle``)."""
+    for key in _MAX_TOKENS_KEYS[is_chat]:
         value = body.get(key)
         if value is None:
             continue
@@ -669,3 +710,7 @@ def _max_tokens(body: dict[str, Any]) -> int:
             raise ApiError(BAD_REQUEST, f"'{key}' must be an integer >= 1", key)
         return value
     return 16
+
+
+_MAX_TOKENS_KEYS = {True: ("max_completion_tokens", "max_tokens"), False: ("max_tokens",)}
+"""Where each endpoint's engine reads its token limit, by ``is_chat``."""

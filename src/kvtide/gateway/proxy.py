@@ -2,11 +2,13 @@
 
 A failure before the first byte (connect error, timeout, 5xx) books a failure against the
 replica and retries once on another one; after the first byte nothing is retried: the client
-gets one SSE error event and the end of the stream. Streams are written chunk by chunk as the
-engine sends them; the client's stream ends at the engine's ``data: [DONE]``, and the engine's
-end of body is read after it, for the connection's reuse. A client that disconnects before its
-answer is whole cancels the handler (``gateway.server`` watches for ``http.disconnect``), which
-closes the upstream connection, which aborts the engine's request.
+gets one SSE error event (which names neither the engine nor its error: the log does) and the
+end of the stream. Streams are written in whole SSE events as the engine sends them (the
+start of an event waits for its end); the client's stream ends at the engine's
+``data: [DONE]``, and the engine's end of body is read after it, for the connection's reuse.
+A client that disconnects before its answer is whole cancels the handler (``gateway.server``
+watches for ``http.disconnect``), which closes the upstream connection, which aborts the
+engine's request.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
 from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
 from kvtide.gateway.upstream import Response, UpstreamPool
-from kvtide.gateway.usage import USAGE_MARK, UsageHider
+from kvtide.gateway.usage import USAGE_MARK, OutputCounter, UsageHider, whole_events
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
 from kvtide.types import ReplicaId
@@ -69,12 +71,35 @@ class _PriorityRefused(Exception):
 
 class _Booking:
     """Whether the request's prefill was reported to the router (then it completes, else
-    it is cancelled)."""
+    it is cancelled), and what its stream passed on to the client."""
 
-    __slots__ = ("prefilled",)
+    __slots__ = ("prefilled", "sent")
 
     def __init__(self) -> None:
         self.prefilled = False
+        self.sent = _Sent()
+
+
+class _Sent:
+    """The bytes of a stream passed on to its client, as far as they matter afterwards:
+    the completion tokens they carried (``OutputCounter``) and whether they end on an event
+    boundary."""
+
+    __slots__ = ("output", "tail")
+
+    def __init__(self) -> None:
+        self.output = OutputCounter()
+        self.tail = b""
+
+    def take(self, data: bytes) -> bytes:
+        """Notes ``data``, about to be sent; ``data``."""
+        self.output.take(data)
+        self.tail = (self.tail + data)[-3:]
+        return data
+
+    @property
+    def ends_event(self) -> bool:
+        return not self.tail or self.tail.endswith((b"\n\n", b"\n\r\n"))
 
 
 class Proxy:
@@ -160,16 +185,23 @@ class Proxy:
                 last = failed
                 tried = replica.replica_id
                 self.metrics.upstream_errors.labels(replica.replica_id, failed.kind).inc()
-                if replica.failed(self.now_s()):
-                    self.metrics.healthy.labels(replica.replica_id).set(0)
+                log.warning(
+                    "request %s: engine %s failed (%s): %s",
+                    exchange.request_id,
+                    replica.replica_id,
+                    failed.kind,
+                    failed.error,
+                )
+                self._book_failure(replica)
                 if attempt == 0:
                     self.metrics.retries.inc()
                 attempt += 1
         if last is None:
             raise NoHealthyReplica(f"no healthy replica serves model {model!r}")
+        # the client's message names no engine and quotes none of its words (the log does)
         if last.kind == "timeout":
-            raise UpstreamTimeout(f"engine timed out: {last.error}") from last.error
-        raise UpstreamUnavailable(f"engine failed: {last.error}") from last.error
+            raise UpstreamTimeout("the engine timed out") from last.error
+        raise UpstreamUnavailable("the engine failed") from last.error
 
     async def _attempt(
         self,
@@ -233,6 +265,11 @@ class Proxy:
                 resp.close()  # mid-stream (cancelled, failed): the engine sees it go away
             if booking.prefilled:
                 self.router.complete(route, decision, 0)
+                streamed = stream and resp is not None and resp.status == 200
+                if streamed and exchange.completion_tokens is None:
+                    # no usage event came (the client hung up, the engine failed): what
+                    # the tenant is charged is the tokens it was sent
+                    exchange.completion_tokens = booking.sent.output.tokens
             else:
                 self.router.cancel(route, decision)
 
@@ -249,12 +286,16 @@ class Proxy:
     ) -> int:
         first = True
         hider = UsageHider() if exchange.hide_usage else None
+        # the start of an event not ended yet: the client gets whole events, so that an
+        # error event after a failure never lands inside one (which the client could parse
+        # only as one broken event)
+        held = b""
+        sent = booking.sent
         try:
             while chunk := await resp.read_chunk():
-                if hider is not None:
-                    chunk = hider.take(chunk)
-                    if not chunk:  # the start of an event: wait for the rest of it
-                        continue
+                chunk, held = whole_events(held + chunk)
+                if not chunk:  # the start of an event: wait for the rest of it
+                    continue
                 if first:
                     await start_stream(send, 200, headers)
                     first = False
@@ -274,32 +315,28 @@ class Proxy:
                         chunk = hider.hide(chunk)
                 if chunk.endswith(_DONE):  # the client has it all: end its stream now
                     exchange.answered_s = self.now_s()
-                    await end_stream(send, chunk)
+                    await end_stream(send, sent.take(chunk))
                     break
                 if chunk:
-                    await send_chunk(send, chunk)
+                    await send_chunk(send, sent.take(chunk))
             if exchange.answered:
                 # The engine's end of body follows its [DONE]: read it, so that the
                 # connection goes back to the pool. A client that closes meanwhile (the
                 # openai client does at [DONE]) cancels nothing (gateway.server).
                 while await resp.read_chunk(_AFTER_DONE_S):
                     pass
-            elif hider is not None and (rest := hider.rest()):
+            elif held:
                 if first:  # the engine ended inside an event: pass on what it sent
                     await start_stream(send, 200, headers)
                     first = False
-                await send_chunk(send, rest)
+                await send_chunk(send, sent.take(held))
         except (TimeoutError, OSError) as exc:
             if first:
                 raise _Failed("read", exc) from exc
             if exchange.answered:  # the answer was whole: only its connection is lost
                 replica.succeeded()
                 return 200
-            replica.failed(self.now_s())
-            exchange.failures.append("mid_stream")
-            self.metrics.upstream_errors.labels(replica.replica_id, "mid_stream").inc()
-            err = ApiError(BAD_GATEWAY, f"engine {replica.replica_id} failed mid-stream: {exc}")
-            await end_stream(send, sse_error_event(err))
+            await self._failed_mid_stream(send, replica, exchange, sent, exc)
             return 200
         except asyncio.CancelledError:
             if not exchange.answered:  # after it: the drain's deadline, not the client
@@ -315,6 +352,31 @@ class Proxy:
             booking.prefilled = True
         await end_stream(send)
         return 200
+
+    async def _failed_mid_stream(
+        self, send: Send, replica: Replica, exchange: Exchange, sent: _Sent, exc: Exception
+    ) -> None:
+        """Ends a stream its engine broke off with one SSE error event. The client learns
+        that the engine failed, not which one or how: that goes to the log."""
+        self._book_failure(replica)
+        exchange.failures.append("mid_stream")
+        self.metrics.upstream_errors.labels(replica.replica_id, "mid_stream").inc()
+        log.warning(
+            "request %s: engine %s failed mid-stream: %r",
+            exchange.request_id,
+            replica.replica_id,
+            exc,
+        )
+        err = ApiError(BAD_GATEWAY, "the engine failed mid-stream")
+        # an event the engine broke off (one over MAX_HELD_BYTES, passed on unended) is
+        # ended first, so that the error is an event of its own
+        gap = b"" if sent.ends_event else b"\n\n"
+        await end_stream(send, gap + sse_error_event(err))
+
+    def _book_failure(self, replica: Replica) -> None:
+        """A failed attempt on ``replica``; its health gauge drops when that ejects it."""
+        if replica.failed(self.now_s()):
+            self.metrics.healthy.labels(replica.replica_id).set(0)
 
 
 async def _read_error(resp: Response) -> str:

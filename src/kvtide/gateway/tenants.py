@@ -9,8 +9,10 @@ Keys file (YAML), reloaded on SIGHUP::
         tokens_per_minute: 200000      # optional, else limits.tokens_per_minute (0: none)
 
 Tokens per minute: a request is admitted on its prompt and ``max_tokens`` (429 with
-``Retry-After`` when the tenant's bucket lacks them), then charged what the engine's ``usage``
-says it took, more or less; the bucket may go below empty, and the next requests wait.
+``Retry-After`` when the tenant's bucket lacks them; at most a minute's allowance is booked),
+then charged what the engine's ``usage`` says it took, or, for a stream that ended before its
+usage event, the tokens streamed; the bucket may go below empty, and the next requests wait. A
+request the engine refused, or that never reached an engine's output, is charged nothing.
 
 A tenant's salt is HMAC-SHA256(tenant secret, name): the gateway sends it as the engines'
 ``cache_salt`` in place of anything the client sent, and hashes the tenant's blocks in a
@@ -60,16 +62,26 @@ class TokenBucket:
 
     @staticmethod
     def take(tenant: Tenant, tokens: int, now_s: float) -> float | None:
-        """Takes ``tokens`` or returns the seconds until they would be there."""
+        """Takes ``booked(tenant, tokens)`` or returns the seconds until they would be there."""
         rate = tenant.tokens_per_minute
         if rate <= 0:
             return None
         level = TokenBucket._refilled(tenant, now_s)
-        need = min(tokens, rate)  # a request above a minute's allowance waits for a full one
+        need = TokenBucket.booked(tenant, tokens)
         if level >= need:
-            tenant.bucket_tokens = level - tokens
+            tenant.bucket_tokens = level - need
             return None
         return (need - level) / (rate / 60.0)
+
+    @staticmethod
+    def booked(tenant: Tenant, tokens: int) -> int:
+        """What admitting a request of about ``tokens`` tokens takes from the bucket: at most
+        a minute's allowance. A request above it waits for a full bucket and empties it;
+        the rest is charged once the request is settled on what it took, so one admission
+        leaves no debt (a ``max_tokens`` of ten million, refused by the engine, would
+        otherwise shut the tenant out for days)."""
+        rate = tenant.tokens_per_minute
+        return min(tokens, rate) if rate > 0 else tokens
 
     @staticmethod
     def spend(tenant: Tenant, tokens: float, now_s: float) -> None:
@@ -106,7 +118,8 @@ class TenantTable:
         return hmac.new(self.secret, name.encode(), hashlib.sha256).hexdigest()[:32]
 
     def load(self, path: str | None) -> None:
-        """(Re)reads the keys file; tenants keep their counters across a reload."""
+        """(Re)reads the keys file; tenants keep their counters across a reload. All or
+        nothing: a file with one bad entry changes no tenant (the running limits stay)."""
         if path is None:
             self.requires_key = False
             return
@@ -114,18 +127,27 @@ class TenantTable:
         entries = raw.get("tenants")
         if not isinstance(entries, list):
             raise ConfigError(f"{path}: expected 'tenants:' with a list of entries")
+        # every entry checked before any limit is applied to a live tenant
+        checked = [self._entry(path, i, entry) for i, entry in enumerate(entries)]
         by_key: dict[str, Tenant] = {}
         by_name: dict[str, Tenant] = {}
-        for i, entry in enumerate(entries):
-            tenant, key_hash = self._entry(path, i, entry)
-            old = self.by_name.get(tenant.name)
-            if old is not None:  # keep in-flight counts and bucket state
-                old.max_concurrency = tenant.max_concurrency
-                old.tokens_per_minute = tenant.tokens_per_minute
-                tenant = old
-            by_key[key_hash] = by_name.setdefault(tenant.name, tenant)
+        for new, key_hash in checked:
+            tenant = by_name.get(new.name)
+            if tenant is None:  # a name's first entry gives its limits
+                tenant = by_name[new.name] = self._renewed(new)
+            by_key[key_hash] = tenant
         self.by_key_hash, self.by_name = by_key, by_name
         self.requires_key = True
+
+    def _renewed(self, new: Tenant) -> Tenant:
+        """The running tenant of ``new``'s name with ``new``'s limits (its in-flight count
+        and bucket kept), or ``new`` for a name not seen before."""
+        old = self.by_name.get(new.name)
+        if old is None:
+            return new
+        old.max_concurrency = new.max_concurrency
+        old.tokens_per_minute = new.tokens_per_minute
+        return old
 
     def _entry(self, path: str, i: int, entry: object) -> tuple[Tenant, str]:
         where = f"{path}: tenants[{i}]"
@@ -156,8 +178,9 @@ class TenantTable:
             raise ApiError(UNAUTHORIZED, "invalid API key")
         return tenant
 
-    def admit(self, tenant: Tenant, tokens: int) -> None:
-        """Books one request of about ``tokens`` tokens, or raises a 429 with Retry-After."""
+    def admit(self, tenant: Tenant, tokens: int) -> int:
+        """Books one request of about ``tokens`` tokens, or raises a 429 with Retry-After;
+        the tokens booked (``TokenBucket.booked``), what ``settle`` is later told."""
         if tenant.in_flight >= tenant.max_concurrency:
             raise ApiError(
                 RATE_LIMITED,
@@ -172,14 +195,17 @@ class TenantTable:
                 retry_after_s=float(math.ceil(wait_s)),
             )
         tenant.in_flight += 1
+        booked = TokenBucket.booked(tenant, tokens)
         if self.shared and tenant.tokens_per_minute > 0:
-            tenant.unshared += tokens
+            tenant.unshared += booked
+        return booked
 
     def settle(self, tenant: Tenant, charged: int, used: int) -> None:
-        """Books what a request took once the engine's ``usage`` tells (``used``: its prompt
-        and completion tokens) against what ``admit`` charged before it ran (its prompt and
-        ``max_tokens``, 16 where a chat request set none and the engine may write thousands):
-        a tokens-per-minute limit counts the tokens served, not the ones asked for."""
+        """Books what a request took once it is over (``used``: its prompt and completion
+        tokens, 0 for one that the engine refused or never ran) against what ``admit``
+        charged before it ran (its prompt and ``max_tokens``, 16 where a chat request set
+        none and the engine may write thousands): a tokens-per-minute limit counts the
+        tokens served, not the ones asked for."""
         if tenant.tokens_per_minute > 0:
             TokenBucket.spend(tenant, used - charged, self.clock.now())
             if self.shared:
@@ -198,14 +224,19 @@ class TenantTable:
         """Tokens the other gateway replicas charged these tenants: taken from the buckets
         here, so N replicas hold a tenant to its one limit (within a sync period's admits)."""
         now_s = self.clock.now()
+        named = {t.name: t for t in self._active()}
         for name, tokens in spent.items():
-            tenant = self.default if name == DEFAULT_TENANT else self.by_name.get(name)
+            tenant = named.get(name)
             if tenant is not None and tokens:
                 TokenBucket.spend(tenant, tokens, now_s)
 
     def _limited(self) -> list[Tenant]:
-        tenants = [self.default, *self.by_name.values()]
-        return [t for t in tenants if t.tokens_per_minute > 0]
+        return [t for t in self._active() if t.tokens_per_minute > 0]
+
+    def _active(self) -> list[Tenant]:
+        """The tenants a request can be of: the keys file's, or the keyless default one
+        alone. Not both: a keys-file tenant may be named "default" too."""
+        return list(self.by_name.values()) if self.requires_key else [self.default]
 
     @staticmethod
     def release(tenant: Tenant) -> None:

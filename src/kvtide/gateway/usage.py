@@ -17,6 +17,7 @@ for the rest of their event (a client cannot act on half an event either). Past
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -28,6 +29,9 @@ MAX_HELD_BYTES = 1 << 20
 
 USAGE_MARK = b'"completion_tokens"'
 """Present in every ``usage`` object, absent from a text chunk's JSON framing."""
+
+_OUTPUT = re.compile(rb'"(?:text|content|reasoning_content|arguments)"\s*:\s*"[^"]')
+"""A choice's non-empty output string (an empty one, ``""``, is no token)."""
 
 
 def ask_usage(body: dict[str, Any]) -> bool:
@@ -85,6 +89,31 @@ class UsageHider:
     def rest(self) -> bytes:
         held, self.held = self.held, b""
         return held
+
+
+class OutputCounter:
+    """The completion tokens a stream has passed on, counted from its SSE events: what a
+    tenant is charged for a stream that ended before the engine's usage event (a client
+    that hung up, an engine that failed mid-stream).
+
+    One token per choice whose ``text`` (completions) or ``delta`` content, reasoning or
+    tool-call ``arguments`` (chat) is not empty: vLLM streams an event per token, and so
+    does kvtide engine (``engine_server.app``; its role event and a last event with only
+    the finish reason carry none). An engine that puts several tokens in one event (a stop
+    string held back, speculative decoding, vLLM's ``--stream-interval``) is undercounted:
+    a lower bound, not a bill."""
+
+    __slots__ = ("held", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.held = b""
+        """The start of an event not ended yet: counted once it is whole."""
+
+    def take(self, data: bytes) -> None:
+        events, self.held = whole_events(self.held + data)
+        if events:
+            self.tokens += len(_OUTPUT.findall(events))
 
 
 def whole_events(data: bytes) -> tuple[bytes, bytes]:

@@ -11,6 +11,7 @@ from kvtide.errors import ConfigError
 from kvtide.gateway.config import Limits
 from kvtide.gateway.status import ApiError
 from kvtide.gateway.tenants import TenantTable, hash_key
+from kvtide.gateway.usage import OutputCounter
 
 
 def _table(tmp_path: Path, body: str, clock: ManualClock | None = None) -> TenantTable:
@@ -148,3 +149,81 @@ def test_reload_keeps_counters_and_applies_new_limits(tmp_path: Path) -> None:
 def test_bad_keys_file_names_the_entry(tmp_path: Path, body: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         _table(tmp_path, body)
+
+
+def test_a_keys_file_with_one_bad_entry_changes_no_tenant(tmp_path: Path) -> None:
+    table = _table(tmp_path, "tenants:\n" + _entry("a", "ka", "    max_concurrency: 1\n"))
+    a = table.authenticate("Bearer ka")
+    (tmp_path / "keys.yaml").write_text(
+        "tenants:\n"
+        + _entry("a", "ka", "    max_concurrency: 50\n    tokens_per_minute: 9\n")
+        + "  - name: b\n    key_sha256: not-a-sha256\n"
+    )
+    with pytest.raises(ConfigError, match=r"tenants\[1\].key_sha256"):
+        table.load(str(tmp_path / "keys.yaml"))
+    assert (a.max_concurrency, a.tokens_per_minute) == (1, 0)
+    assert table.authenticate("Bearer ka") is a
+
+
+def test_one_admission_books_at_most_a_minute_and_a_refusal_refunds_it(
+    tmp_path: Path,
+) -> None:
+    """``max_tokens`` of ten million on 600 a minute: admitted on a full bucket, booked 600
+    (no debt); the engine refuses it (settled on 0 tokens) and the bucket is full again."""
+    clock = ManualClock(100.0)
+    table = _table(
+        tmp_path, "tenants:\n" + _entry("a", "ka", "    tokens_per_minute: 600\n"), clock
+    )
+    a = table.authenticate("Bearer ka")
+    charged = table.admit(a, 10_000_000)
+    table.release(a)
+    assert charged == 600 and a.bucket_tokens == 0.0
+    with pytest.raises(ApiError) as err:
+        table.admit(a, 10)
+    assert err.value.retry_after_s == 1.0  # 10 tokens at 10 a second, not days
+    table.settle(a, charged, 0)
+    assert table.admit(a, 600) == 600
+
+
+def test_tokens_spent_elsewhere_reach_a_keys_file_tenant_named_default(
+    tmp_path: Path,
+) -> None:
+    """``--state redis://``: a keys-file tenant may be named "default"; what other gateway
+    replicas charged it comes out of its bucket, not the keyless default tenant's."""
+    clock = ManualClock(100.0)
+    entry = "tenants:\n" + _entry("default", "kd", "    tokens_per_minute: 600\n")
+    here, there = _table(tmp_path, entry, clock), _table(tmp_path, entry, clock)
+    here.shared = there.shared = True
+    mine = here.authenticate("Bearer kd")
+    here.admit(mine, 500)
+    here.settle(mine, 500, 500)
+    here.release(mine)
+    spent = here.take_unshared()
+    assert spent == {"default": 500}
+    there.spent_elsewhere(spent)
+    with pytest.raises(ApiError) as err:
+        there.admit(there.authenticate("Bearer kd"), 200)
+    assert err.value.retry_after_s == 10.0  # 100 left of 600
+
+
+def test_a_cut_off_stream_is_charged_one_token_per_output_event() -> None:
+    """What a stream without its usage event is charged: one token per choice with text,
+    counted in whole events however the reads split them; the role and finish events, and
+    the usage event, carry none."""
+    head = b'data: {"id":"c","object":"chat.completion.chunk","choices":['
+    events = [
+        head + b'{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
+        head + b'{"index":0,"delta":{"content":"He"}}]}\n\n',
+        head + b'{"index":0,"delta":{"content":"\\"llo"}}]}\n\n',
+        head + b'{"index":0,"delta":{"reasoning_content":"hm"}}]}\n\n',
+        b'data: {"choices":[{"index":0,"text":" x","logprobs":null}]}\r\n\r\n',
+        head + b'{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}\n\n',
+        head + b'],"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n',
+    ]
+    stream = b"".join(events)
+    counter = OutputCounter()
+    for i in range(0, len(stream), 7):  # reads that cut events anywhere
+        counter.take(stream[i : i + 7])
+    assert counter.tokens == 4
+    counter.take(head + b'{"index":0,"delta":{"content":"unended"}}]}')
+    assert counter.tokens == 4  # not yet a whole event
