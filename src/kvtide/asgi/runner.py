@@ -6,19 +6,25 @@ protocol on the loop itself, no thread hand-off: cheapest at low concurrency).
 
 SIGTERM/SIGINT: ``on_stop`` runs (a server drains its own way), then the listener closes (new
 connections are refused) while requests in flight finish; those still running ``drain_s``
-later are cancelled; then the lifespan shuts down. SIGHUP calls ``on_reload``.
+later are cancelled, and each gets ``cut_error`` as what it can still take: the error's
+response where none had started, an SSE error event ending an event stream (the ``openai``
+client raises ``APIError``; cut without it, the client saw a dropped connection and the
+server logged a traceback), the end of any other body. Then the lifespan shuts down. SIGHUP
+calls ``on_reload``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from kvtide.asgi.messages import Receive, Scope, Send
+from kvtide.asgi.api_errors import ApiError, Status, sse_error_event
+from kvtide.asgi.messages import Message, Receive, Scope, Send
 from kvtide.errors import ConfigError, KvtideError
 
 log = logging.getLogger("kvtide.asgi")
@@ -33,6 +39,10 @@ own default is 75): with 5 s, 1 of the 458 Mooncake requests of each of two runs
 bench/gateways.py failed so."""
 HttpServer = Literal["granian", "uvicorn"]
 HTTP_SERVERS: tuple[HttpServer, ...] = ("granian", "uvicorn")
+SHUTTING_DOWN = ApiError(
+    Status(503, "service_unavailable", "shutting_down"), "the server is shutting down"
+)
+"""What a request cut at the drain's deadline gets, by default (``cut_error``)."""
 
 
 def check_port(host: str, port: int, flag: str = "--port") -> int:
@@ -62,8 +72,10 @@ class AsgiServer:
         backlog: int = 1024,
         http: HttpServer = "granian",
         keep_alive_s: float = KEEP_ALIVE_S,
+        cut_error: ApiError = SHUTTING_DOWN,
     ) -> None:
         self.app = app
+        self.cut_error = cut_error
         self.host = host
         self.port = port
         self.on_stop = on_stop
@@ -76,6 +88,7 @@ class AsgiServer:
         self._server: Any = None
         self._stopping: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[Any]] = set()
+        self._cutting = False  # the drain's deadline passed: its cancellations are ours
 
     @property
     def url(self) -> str:
@@ -87,9 +100,16 @@ class AsgiServer:
             return await self.app(scope, receive, send)
         task = asyncio.current_task()
         assert task is not None
+        sent = _Sent(send)
         self._in_flight.add(task)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sent)
+        except asyncio.CancelledError:
+            if not self._cutting:
+                raise
+            task.uncancel()
+            with contextlib.suppress(Exception):  # the client may be gone too
+                await sent.cut(self.cut_error)
         finally:
             self._in_flight.discard(task)
 
@@ -186,8 +206,51 @@ class AsgiServer:
             await asyncio.sleep(0.05)
         if self._in_flight:
             log.warning("drain: cancelling %d requests still in flight", len(self._in_flight))
+            self._cutting = True
             for task in list(self._in_flight):
                 task.cancel()
+
+
+class _Sent:
+    """A request's ``send``, noting what went out: for the answer it can still take when
+    the drain's deadline cuts it (one call and three attributes a message)."""
+
+    __slots__ = ("done", "event_stream", "send", "started", "tail")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = self.done = self.event_stream = False
+        self.tail = b""  # the body's last bytes: whether it ends on an event's boundary
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.event_stream = any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                for k, v in message.get("headers", ())
+            )
+        elif message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            if body:
+                self.tail = body[-4:]
+            if not message.get("more_body", False):
+                self.done = True
+        await self.send(message)
+
+    async def cut(self, err: ApiError) -> None:
+        if self.done:
+            return
+        if not self.started:
+            headers = [*err.headers(), (b"connection", b"close")]
+            await self.send({"type": "http.response.start", "status": err.status.http,
+                             "headers": headers})  # fmt: skip
+            await self.send({"type": "http.response.body", "body": err.body()})
+        elif self.event_stream:
+            ended = not self.tail or self.tail.endswith((b"\n\n", b"\r\n\r\n"))
+            event = sse_error_event(err) if ended else b"\n\n" + sse_error_event(err)
+            await self.send({"type": "http.response.body", "body": event})
+        else:  # a JSON body cut short: the client sees it end early
+            await self.send({"type": "http.response.body", "body": b""})
 
 
 class _UvicornStop:

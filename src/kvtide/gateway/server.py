@@ -53,6 +53,7 @@ from kvtide.gateway.status import (
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
     REQUEST_TIMEOUT,
+    SHUTTING_DOWN,
     TOO_LARGE,
     as_api_error,
 )
@@ -383,6 +384,7 @@ async def run(config: GatewayConfig, started: Callable[[str], None] | None = Non
         drain_s=config.timeouts.drain_s,
         http="granian" if config.http_server == "granian" else "uvicorn",
         keep_alive_s=config.timeouts.keep_alive_s,
+        cut_error=ApiError(SHUTTING_DOWN, "the gateway is shutting down"),
     )
     announce = started or (
         lambda u: print(f"kvtide serve: listening on {u}", file=sys.stderr, flush=True)

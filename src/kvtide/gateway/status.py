@@ -35,6 +35,7 @@ BAD_GATEWAY = Status(502, "upstream_error", "upstream_error")
 UNAVAILABLE = Status(503, "service_unavailable", "no_healthy_replica")
 QUEUE_FULL = Status(503, "service_unavailable", "queue_full")
 QUEUE_TIMEOUT = Status(503, "service_unavailable", "queue_timeout")
+SHUTTING_DOWN = Status(503, "service_unavailable", "shutting_down")
 GATEWAY_TIMEOUT = Status(504, "upstream_error", "upstream_timeout")
 
 

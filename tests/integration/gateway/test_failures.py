@@ -177,6 +177,34 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_ones() -> None:
         slow.stop()
 
 
+def test_a_stream_still_open_at_the_drain_deadline_ends_with_an_error_event(
+    tmp_path: Path,
+) -> None:
+    """Cut at the deadline, a stream gets one SSE error event (the openai client raises
+    APIError, not a dropped connection) and the gateway logs no traceback."""
+    bport, port = free_port(), free_port()
+    slow = backend(bport, "m", "--token-delay", "0.2", "--tokens", "40")
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("timeouts: {drain_s: 1}\n")
+    gw = gateway(port, "--config", str(cfg), "--replica", f"http://127.0.0.1:{bport}")
+    try:
+        c = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        it = iter(c.completions.create(model="m", prompt="go", stream=True))
+        next(it)
+        gw.signal(signal.SIGTERM)
+        with pytest.raises(openai.APIError) as raised:
+            for _ in it:
+                pass
+        assert not isinstance(raised.value, openai.APIConnectionError)
+        assert "shutting down" in str(raised.value)
+        assert gw.proc.wait(10) == 0
+        assert gw.proc.stderr is not None
+        assert "Traceback" not in gw.proc.stderr.read().decode()
+    finally:
+        gw.stop()
+        slow.stop()
+
+
 def test_admin_api_adds_drains_and_removes_replicas() -> None:
     p1, p2, port = free_port(), free_port(), free_port()
     b1, b2 = backend(p1), backend(p2)
