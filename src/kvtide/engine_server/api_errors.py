@@ -10,6 +10,7 @@ from kvtide.asgi import ApiError, Status
 BAD_REQUEST = Status(400, "BadRequestError", 400)
 NOT_FOUND = Status(404, "NotFoundError", 404)
 METHOD_NOT_ALLOWED = Status(405, "MethodNotAllowedError", 405)
+REQUEST_TIMEOUT = Status(408, "RequestTimeoutError", 408)
 TOO_LARGE = Status(413, "RequestEntityTooLargeError", 413)
 INTERNAL = Status(500, "InternalServerError", 500)
 UNAVAILABLE = Status(503, "ServiceUnavailableError", 503)

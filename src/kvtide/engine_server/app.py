@@ -22,12 +22,13 @@ from typing import Any, Protocol
 import orjson
 
 from kvtide.asgi import ApiError, Disconnected, Receive, Scope, Send, read_body, respond
-from kvtide.asgi.messages import BadContentLength, BodyTooLarge, send_chunk
+from kvtide.asgi.messages import BadContentLength, BodyTimeout, BodyTooLarge, send_chunk
 from kvtide.clock import epoch_s
 from kvtide.engine_server.api_errors import (
     INTERNAL,
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
+    REQUEST_TIMEOUT,
     TOO_LARGE,
     UNAVAILABLE,
     bad_request,
@@ -89,6 +90,9 @@ class ApiLimits:
     served_model_name: str
     max_model_len: int
     max_body_bytes: int = 4 << 20
+    body_s: float = 30.0
+    """Longest a client may take to send a request body (then a 408): a stalled one held its
+    handler, and the drain, for as long as it stayed connected."""
     max_waiting: int = 1024
     """Requests allowed to wait for admission; more get 503 with Retry-After."""
     retry_after_s: int = 1
@@ -342,9 +346,13 @@ class EngineApp:
     async def _json(self, scope: Scope, receive: Receive) -> Any:
         limit = self.limits.max_body_bytes
         try:
-            raw = await read_body(scope, receive, limit)
+            raw = await read_body(scope, receive, limit, self.limits.body_s)
         except BadContentLength:
             raise bad_request("bad Content-Length header") from None
+        except BodyTimeout as exc:
+            raise ApiError(
+                REQUEST_TIMEOUT, f"the request body did not arrive within {exc.timeout_s:g} s"
+            ) from None
         except BodyTooLarge as exc:
             size = f"of {exc.declared} bytes " if exc.declared is not None else ""
             raise ApiError(TOO_LARGE, f"request body {size}exceeds {limit} bytes") from None
