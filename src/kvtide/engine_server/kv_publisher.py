@@ -119,15 +119,21 @@ class EnginePublisher:
             return None
         wire: list[EngineEvent] = []
         blocks = self.blocks
+        # a batch's removals release their blocks' tokens at its end: an offload announces
+        # the device's removal before the host tier's store of the same blocks, and released
+        # at once, the store found no tokens (an empty store, which consumers drop)
+        removed: list[BlockHash] = []
         for event, out in zip(events, to_engine_events(events), strict=True):
             if isinstance(event, BlockStored) and isinstance(out, EngineBlockStored):
                 tokens, salt = blocks.stored(event)
                 out = dataclasses.replace(out, token_ids=tokens, cache_salt=salt)
             elif isinstance(event, BlockRemoved):
-                blocks.release(event.block_hashes)
+                removed.extend(event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
+                removed.clear()
                 blocks.clear()
             wire.append(self._shape(out))
+        blocks.release(removed)
         return self.publisher.publish(EngineEventBatch(ts_s, tuple(wire)))
 
     def _shape(self, e: EngineEvent) -> EngineEvent:

@@ -12,6 +12,7 @@ from kvtide.core.hashing import hash_tokens
 from kvtide.engine_server.kv_publisher import BlockTokens, EnginePublisher, EventFormat
 from kvtide.state.kv_events import KvEventPublisher
 from kvtide.state.kv_wire import EngineBlockStored, decode_batch
+from kvtide.types import Tier
 
 BT = 4
 
@@ -83,3 +84,34 @@ def test_holds_keep_tokens_while_a_request_or_a_tier_holds_the_block() -> None:
     assert blocks.stored(BlockStored((hashes[1],), hashes[0], None, BT)) == ((), None)
     blocks.release([hashes[0]])
     assert len(blocks) == 0
+
+
+class _Capture:
+    """The batches an ``EnginePublisher`` hands its ZMQ publisher, kept instead of sent."""
+
+    def __init__(self) -> None:
+        self.batches: list[object] = []
+
+    def publish(self, batch: object) -> int:
+        self.batches.append(batch)
+        return len(self.batches) - 1
+
+
+def test_an_offload_in_one_batch_announces_the_host_store_with_its_tokens() -> None:
+    """The device's removal comes before the host tier's store of the same blocks in one
+    batch: released at once, the store found no tokens and went out empty (which the
+    gateway drops as malformed: offloaded blocks were never indexed)."""
+    blocks = BlockTokens(BT)
+    tokens = list(range(8))
+    hashes = tuple(hash_tokens(np.asarray(tokens), BT, seed=1).tolist())
+    blocks.hold(hashes, tokens, "s")  # a request brought them
+    capture = _Capture()
+    engine = EnginePublisher(capture, blocks)  # type: ignore[arg-type]
+    engine.publish([BlockStored(hashes, None, None, BT)], 0.0)  # the device stores them
+    blocks.release(hashes)  # the request finished: the device tier alone holds them
+    offload = [BlockRemoved(hashes), BlockStored(hashes, None, None, BT, Tier.HOST)]
+    engine.publish(offload, 1.0)
+    host_store = capture.batches[1].events[1]  # type: ignore[attr-defined]
+    assert isinstance(host_store, EngineBlockStored) and host_store.medium == "CPU"
+    assert host_store.token_ids == tuple(tokens) and host_store.cache_salt == "s"
+    assert len(blocks) == 2  # the host tier holds them now
