@@ -119,18 +119,22 @@ def parse_chat_request(body: Mapping[str, Any], media: MediaParts = "refuse") ->
                 f"'chat_template_kwargs' may not set {', '.join(reserved)}",
                 "chat_template_kwargs",
             )
-        # the request's own fields win, as in vLLM (its merge_kwargs)
+        # the request's own fields win, as in vLLM (its merge_kwargs); ``self`` is jinja's
+        # own name in a template (no template can read it), and passed on it collided with
+        # the renderers' own ``self`` (a TypeError: a 500)
         variables.update(kwargs)
-        variables.pop("add_generation_prompt", None)
-        variables.pop("continue_final_message", None)
+        for key in ("add_generation_prompt", "continue_final_message", "self"):
+            variables.pop(key, None)
+        if "documents" in variables:
+            variables["documents"] = _documents(
+                variables["documents"], "chat_template_kwargs.documents"
+            )
     tools = _tools(body.get("tools"))
     if tools is not None:
         variables["tools"] = tools
     documents = body.get("documents")
     if documents is not None:
-        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
-            raise RequestError("'documents' must be an array of objects", "documents")
-        variables["documents"] = documents
+        variables["documents"] = _documents(documents, "documents")
     final = messages[-1].get("content")
     if continue_final and not (isinstance(final, str) and final):
         raise RequestError(
@@ -170,6 +174,15 @@ def developer_as_system(
     if not merge:
         return converted
     return [{"role": "system", "content": "\n\n".join(systems)}, *rest]
+
+
+def _documents(documents: object, param: str) -> list[dict[str, Any]] | None:
+    """A template's ``documents``: an array of objects (null: none)."""
+    if documents is None:
+        return None
+    if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
+        raise RequestError(f"'{param}' must be an array of objects", param)
+    return documents
 
 
 def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:

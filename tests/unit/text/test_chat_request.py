@@ -165,6 +165,7 @@ def test_flags_and_template_kwargs() -> None:
         ({"tools": [{"function": {"name": "f", "parameters": "{}"}}]}, "tools[0]"),
         ({"tools": [{"function": {"name": "f", "strict": "yes"}}]}, "tools[0]"),
         ({"documents": ["d"]}, "documents"),
+        ({"chat_template_kwargs": {"documents": 5}}, "chat_template_kwargs.documents"),
     ],
 )
 def test_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
@@ -223,3 +224,21 @@ class _Renderer:
         self, messages: Any, add_generation_prompt: bool = True, **variables: Any
     ) -> str:
         return self.chat_template.render(messages, add_generation_prompt, **variables)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["self", "messages", "tools", "documents", "tokenize", "chat_template", "renderer",
+     "add_generation_prompt", "continue_final_message", "args", "kwargs", "bos_token"],
+)  # fmt: skip
+@pytest.mark.parametrize("value", [1, None, "x", [], {}])
+def test_any_template_kwarg_renders_or_is_refused(key: str, value: object) -> None:
+    """Keys that are also the renderers' own parameter names (``self`` among them) were
+    passed on as keyword arguments: a TypeError, which both servers answered as a 500."""
+    body = {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {key: value}}
+    try:
+        req = parse_chat_request(body)
+    except RequestError as exc:
+        assert exc.param is not None and exc.param.startswith("chat_template_kwargs")
+        return
+    assert "<|im_start|>user" in req.render(tool_tokenizer())
