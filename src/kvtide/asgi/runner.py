@@ -197,11 +197,14 @@ class AsgiServer:
         self._stopping = self.loop.create_task(self._stop())
 
     async def _stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        # one deadline for the whole drain, ``on_stop``'s own wait included: the engine's
+        # waited 30 s for its requests, then this another 30 (60 s, past Kubernetes' default
+        # grace period of 30)
+        deadline = loop.time() + self.drain_s
         if self.on_stop is not None:
             await self.on_stop()
         self._server.stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_s
         while self._in_flight and loop.time() < deadline:
             await asyncio.sleep(0.05)
         if self._in_flight:

@@ -16,7 +16,7 @@ from typing import IO
 import orjson
 import zmq
 
-from kvtide.asgi import AsgiServer, check_port
+from kvtide.asgi import ApiError, AsgiServer, check_port
 from kvtide.clock import ScaledClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
@@ -25,6 +25,7 @@ from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.engine.driver import EngineDriver
 from kvtide.engine.scheduler import EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
+from kvtide.engine_server.api_errors import UNAVAILABLE
 from kvtide.engine_server.app import ApiLimits, Backend, EngineApp
 from kvtide.engine_server.engine_loop import EmulatedEngine, filler_tokens
 from kvtide.engine_server.kv_publisher import BlockTokens, EnginePublisher, EventFormat
@@ -210,9 +211,14 @@ class EngineServer:
     def __init__(self, config: ServerConfig, built: Built | None = None) -> None:
         self.config = config
         self.built = built or build(config)
-        # the engine drains before the listener closes: new generations get 503 meanwhile
+        # the engine drains before the listener closes: new generations get 503 meanwhile;
+        # a request cut at the deadline gets the engine's own 503 row
         self.http = AsgiServer(
-            self.built.app, config.host, config.port, on_stop=self.built.app.drain
+            self.built.app,
+            config.host,
+            config.port,
+            on_stop=self.built.app.drain,
+            cut_error=ApiError(UNAVAILABLE, "the engine is shutting down"),
         )
 
     @property
