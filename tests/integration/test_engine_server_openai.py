@@ -184,7 +184,7 @@ def _raw(client: openai.OpenAI, content: bytes) -> object:
             lambda c: c.completions.create(model=MODEL, prompt=LONG * 8, max_tokens=16),
             openai.BadRequestError,
             400,
-            "prompt",
+            "input_tokens",  # vLLM's name for an over-long prompt
         ),
         (
             lambda c: c.completions.create(model=MODEL, prompt="x", max_tokens=5000),

@@ -1,8 +1,9 @@
 """The engine's HTTP API as a raw ASGI app: vLLM's OpenAI-compatible routes over one backend.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming, one chunk per
-token as the backend produces it), ``GET /v1/models``, ``GET /health``, ``GET /metrics``,
-``POST /tokenize``, ``POST /detokenize``. The backend's task lives in a TaskGroup owned by the
+token as the backend produces it, less the text a stop string may still claim),
+``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``POST /tokenize``,
+``POST /detokenize``. The backend's task lives in a TaskGroup owned by the
 ASGI lifespan. Every refusal is an OpenAI-style error body (``api_errors``); an unexpected
 exception is logged and answered 500 without a traceback, and the server keeps serving.
 A client that disconnects has its request aborted in the backend at once.
@@ -208,7 +209,10 @@ class EngineApp:
             "count": len(ids),
             "max_model_len": self.limits.max_model_len,
             "tokens": ids,
-            "token_strs": None,
+            # vLLM's convert_ids_to_tokens: the vocabulary's strings, not decoded text
+            "token_strs": [self.tokenizer.id_to_token(i) for i in ids]
+            if req.return_token_strs
+            else None,
         }
         await respond(send, 200, orjson.dumps(body), JSON)
 
@@ -234,19 +238,35 @@ class EngineApp:
             raise ApiError(
                 UNAVAILABLE, "the server is shutting down", retry_after_s=lim.retry_after_s
             )
-        ids = self._prompt_ids(gen)
-        room = lim.max_model_len - len(ids)
-        max_tokens = gen.max_tokens
-        if max_tokens is None:
-            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if gen.kind == "completion" else room
-        if len(ids) + max_tokens > lim.max_model_len or room < 1:
+        max_len = lim.max_model_len
+        if gen.max_tokens is not None and gen.max_tokens > max_len:
             raise bad_request(
-                f"This model's maximum context length is {lim.max_model_len} tokens. However, "
-                f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the messages, "
-                f"{max_tokens} in the completion). Please reduce the length of the messages "
-                "or completion.",
-                "max_tokens" if len(ids) < lim.max_model_len else "prompt",
+                f"{gen.max_tokens_param}={gen.max_tokens} cannot be greater than "
+                f"max_model_len={max_len}. Please request fewer output tokens.",
+                gen.max_tokens_param,
             )
+        ids = self._prompt_ids(gen)
+        if len(ids) > max_len:
+            raise bad_request(
+                f"This model's maximum context length is {max_len} tokens. However, your "
+                f"prompt contains {len(ids)} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt.",
+                "input_tokens",
+            )
+        if len(ids) == max_len:
+            raise bad_request(
+                f"The decoder prompt (length {len(ids)}) plus the number of requested output "
+                f"tokens (at least 1) is longer than the maximum model length of {max_len}. "
+                "Make sure that `max_model_len` is no smaller than the number of text tokens "
+                "(prompt + requested output tokens)."
+            )
+        # vLLM's get_max_tokens: a request asking for more than the context has left gets
+        # what is left, not a refusal
+        max_tokens = gen.max_tokens
+        if max_tokens is None and gen.kind == "completion":
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        room = max_len - len(ids)
+        max_tokens = room if max_tokens is None else min(max_tokens, room)
         if gen.priority and not lim.priority_scheduling:
             raise bad_request(
                 f"Got priority {gen.priority} but priority scheduling is not enabled "
@@ -266,63 +286,67 @@ class EngineApp:
             stream = backend.submit(rid, ids, max_tokens, gen.cache_salt, gen.priority)
         except CapacityError as exc:
             raise bad_request(str(exc), "prompt") from exc
+        # before the first await: no token can have been pushed yet
+        stream.stop_at(gen.stop, gen.include_stop_str)
+        echo = self._echo(gen, ids)
         watcher = asyncio.ensure_future(_watch_disconnect(receive, backend, rid))
         try:
             if gen.stream:
-                await self._stream(gen, rid, stream, send)
+                await self._stream(gen, rid, stream, send, echo)
             else:
-                await self._unary(gen, rid, stream, send)
+                await self._unary(gen, rid, stream, send, echo)
         finally:
             watcher.cancel()
-            if not stream.is_finished:
+            if not stream.is_finished or stream.stop_reason is not None:
+                # a stop string finished the stream, not the backend (the emulated engine
+                # has let it go already; the real model is still generating)
                 backend.abort(rid)
 
-    async def _unary(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
-        texts: list[str] = []
-        stop = StopMatcher(gen.stop)
+    async def _unary(
+        self, gen: Generation, rid: str, stream: RequestStream, send: Send, echo: str
+    ) -> None:
+        texts: list[str] = [echo]
         while True:
-            new = await stream.take()
-            texts.extend(new)
-            if stop.active and stop.check(new):
-                self._stopped(rid, stream)
-                break
+            texts.extend(await stream.take())
             if stream.is_finished:
                 break
         if stream.finish_reason == "abort":
             return  # the client went away
-        text = stop.text if stop.matched else "".join(texts)
-        finish = "stop" if stop.matched else _finish(stream)
         build = completion_body if gen.kind == "completion" else chat_body
         use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
-        body = build(rid, epoch_s(), self.limits.served_model_name, text, finish, stop.matched, use)
+        model = self.limits.served_model_name
+        body = build(
+            rid, epoch_s(), model, "".join(texts), _finish(stream), stream.stop_reason, use
+        )
         await respond(send, 200, orjson.dumps(body), JSON)
 
-    async def _stream(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
+    async def _stream(
+        self, gen: Generation, rid: str, stream: RequestStream, send: Send, echo: str
+    ) -> None:
         frame = _Frames(gen.kind, rid, epoch_s(), self._model_json)
-        stop = StopMatcher(gen.stop)
         await send({"type": "http.response.start", "status": 200, "headers": SSE})
         # vLLM sends a chat stream's role chunk with the first output, once the prefill is
         # done, not with the headers: a gateway that reads the first chunk as the end of the
         # prefill (kvtide's, for its queue estimate) must see it then
         role = frame.role() if gen.kind == "chat" else None
         while True:
+            # the stream holds back the text a stop string may still claim, so what it hands
+            # over is final: a streamed text equals the unary one
             texts = await stream.take()
             finish: str | None = None
-            if stop.active and texts:
-                before = len(stop.text)
-                if stop.check(texts):
-                    self._stopped(rid, stream)
-                    texts = [stop.text[before:]] if len(stop.text) > before else []
-                    finish = "stop"
-            if finish is None and stream.is_finished:
+            if stream.is_finished:
                 if stream.finish_reason == "abort":
                     return  # the client went away; nothing more to say
                 finish = _finish(stream)
+            if echo and (texts or finish is not None):  # with the first output, as vLLM
+                texts = [echo + (texts[0] if texts else ""), *texts[1:]]
+                echo = ""
+            stop = stream.stop_reason
             out = [frame.token(t) for t in texts[:-1]] if texts else []
             if texts:
-                out.append(frame.token(texts[-1], finish, stop.matched))
+                out.append(frame.token(texts[-1], finish, stop))
             elif finish is not None:
-                out.append(frame.token("", finish, stop.matched))
+                out.append(frame.token("", finish, stop))
             if out and role is not None:
                 out.insert(0, role)
                 role = None
@@ -336,10 +360,14 @@ class EngineApp:
             if out:
                 await send_chunk(send, b"".join(out))
 
-    def _stopped(self, rid: str, stream: RequestStream) -> None:
-        """A stop string ended the request: it finishes as "stop" and leaves the engine."""
-        stream.finish("stop")
-        self.backend.abort(rid)
+    def _echo(self, gen: Generation, ids: list[int]) -> str:
+        """What a completion with ``echo`` puts before its output, as vLLM: the prompt's text
+        as sent, or its token ids decoded."""
+        if not gen.echo:
+            return ""
+        if gen.prompt_text is not None:
+            return gen.prompt_text
+        return self.tokenizer.decode(ids)
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -397,35 +425,6 @@ def _finish(stream: RequestStream) -> str:
     return "length" if reason is None else reason
 
 
-class StopMatcher:
-    """Stop strings over the text generated so far; the text ends before the first match."""
-
-    __slots__ = ("active", "matched", "stops", "text")
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.active = bool(stops)
-        self.matched: str | None = None
-        self.text = ""
-
-    def check(self, texts: list[str]) -> bool:
-        """Appends the new tokens' texts; True (and ``text`` cut before it) when a stop string
-        has appeared."""
-        start = max(0, len(self.text) - max(len(s) for s in self.stops) + 1)
-        self.text += "".join(texts)
-        best: tuple[int, str] | None = None
-        for s in self.stops:
-            at = self.text.find(s, start)
-            if at >= 0 and (best is None or at < best[0]):
-                best = (at, s)
-        if best is None:
-            return False
-        self.text = self.text[: best[0]]
-        self.matched = best[1]
-        self.active = False
-        return True
-
-
 class _Frames:
     """SSE frames of one stream in vLLM's chunk shapes, built from byte templates."""
 
@@ -451,10 +450,13 @@ class _Frames:
     def token(self, text: str, finish: str | None = None, stop: str | None = None) -> bytes:
         t = orjson.dumps(text)
         f = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        s = orjson.dumps(stop)
         if self._chat:
             choice = b'{"index":0,"delta":{"content":' + t + b'},"logprobs":null,"finish_reason":'
-            return self._head + choice + f + b"}" + self._tail
-        s = orjson.dumps(stop)
+            if finish is None:
+                return self._head + choice + f + b"}" + self._tail
+            # vLLM sets a chat chunk's stop_reason on the final one only
+            return self._head + choice + f + b',"stop_reason":' + s + b"}" + self._tail
         choice = b'{"index":0,"text":' + t + b',"logprobs":null,"finish_reason":' + f
         return self._head + choice + b',"stop_reason":' + s + b"}" + self._tail
 

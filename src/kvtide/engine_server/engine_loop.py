@@ -201,10 +201,10 @@ class EmulatedEngine:
         if self.telemetry is not None:
             self.telemetry.tick()  # at most once per detector interval: cheap otherwise
         if outputs:
-            self._dispatch(outputs)
+            self._dispatch(outputs, now)
         return bool(outputs)
 
-    def _dispatch(self, outputs: list[StepOutput]) -> None:
+    def _dispatch(self, outputs: list[StepOutput], now: float) -> None:
         streams = self._streams
         filler = self.filler
         k = len(filler)
@@ -222,6 +222,11 @@ class EmulatedEngine:
                 self.on_record(out.record)
             if out.finish_reason is not None:
                 self._end(stream, out.finish_reason)
+            elif stream.is_finished:
+                # a stop string ended it at this token: leave the engine now, before its next
+                # iteration (or a later output of this step) makes tokens it does not have
+                self._end(stream, "stop")
+                self.driver.abort(out.request_id, now)
 
     def _end(self, stream: RequestStream, reason: str) -> None:
         stream.finish(reason)

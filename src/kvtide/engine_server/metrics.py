@@ -104,25 +104,41 @@ class EngineMetrics:
         if evicted_blocks is not None:
             self._evicted_blocks = evicted_blocks
 
+    def prefilled(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request's prefill completed (its first token is out): its prompt counts now, as
+        vLLM counts a prompt in the iteration that prefilled it, and a request aborted while
+        waiting never does (prefix-cache queries are prompt tokens, hits the cached tokens
+        reported in ``usage``)."""
+        self.prompt_tokens += prompt_tokens
+        self.prefix_queries += prompt_tokens
+        self.prefix_hits += cached_tokens
+
     def first_token(self, ttft_s: float) -> None:
+        """A request's first generated token, ``ttft_s`` after its arrival."""
+        self.generation_tokens += 1
         self.ttft.observe(ttft_s)
 
     def inter_token(self, itl_s: float) -> None:
+        """A later generated token, ``itl_s`` after the request's previous one."""
+        self.generation_tokens += 1
         self.itl.observe(itl_s)
 
-    def finished(
-        self, reason: str, prompt_tokens: int, output_tokens: int, cached_tokens: int, e2e_s: float
-    ) -> None:
-        """A request left the engine: its tokens count as vLLM counts them (prefix-cache
-        queries are prompt tokens, hits the cached tokens reported in ``usage``)."""
-        self.prompt_tokens += prompt_tokens
-        self.generation_tokens += output_tokens
-        self.prefix_queries += prompt_tokens
-        self.prefix_hits += cached_tokens
+    def ended(self, reason: str, e2e_s: float) -> None:
+        """A request left the engine ("stop", "length" or "abort"); its tokens were counted
+        as they were processed."""
         if reason in self.success:
             self.success[reason] += 1
         if reason != "abort":
             self.e2e.observe(e2e_s)
+
+    def finished(
+        self, reason: str, prompt_tokens: int, output_tokens: int, cached_tokens: int, e2e_s: float
+    ) -> None:
+        """A whole request at once (its prefill, its output tokens and its end), for a caller
+        that sees requests only when they end; no latency histogram but e2e is observed."""
+        self.prefilled(prompt_tokens, cached_tokens)
+        self.generation_tokens += output_tokens
+        self.ended(reason, e2e_s)
 
     def render(self) -> bytes:
         body = generate_latest(self.registry)

@@ -4,7 +4,9 @@ bodies it returns, in vLLM's shapes (vllm/entrypoints/openai/protocol.py, vLLM 0
 Parsing never raises anything but ``ApiError`` (400 with the field as ``param``): a wrong type,
 a missing field or an out-of-range value is the client's mistake, not a traceback.
 Sampling parameters the emulator does not model (temperature, top_p, seed, ...) are accepted
-when they have the right type and otherwise ignored, as an engine with greedy decoding would.
+when they have the right type and otherwise ignored, as an engine with greedy decoding would;
+fields that would add to the response (``logprobs``, a chat's ``top_logprobs`` and ``echo``)
+are refused when they ask for something.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvtide.asgi import ApiError
 from kvtide.engine_server.api_errors import bad_request
 from kvtide.errors import RequestError
 from kvtide.text.chat_request import ChatRequest, parse_chat_request
@@ -54,6 +57,14 @@ class Generation:
     add_special_tokens: bool = True
     """A text completion's: the tokenizer's BOS (or whatever its post-processor adds), on by
     default as in vLLM; off for a prompt a client rendered with its own template."""
+    include_stop_str: bool = False
+    """vLLM's ``include_stop_str_in_output``: the text ends after the stop string, not
+    before it."""
+    echo: bool = False
+    """A completion's: its text starts with the prompt."""
+    max_tokens_param: str = "max_tokens"
+    """The field ``max_tokens`` came from (a chat's may be ``max_completion_tokens``), for
+    the error that refuses it."""
 
 
 def _is_int(v: object) -> bool:
@@ -105,6 +116,14 @@ def _check_common(body: Mapping[str, Any]) -> None:
         raise bad_request("only n=1 is supported", "n")
     if body.get("best_of") not in (None, 1):
         raise bad_request("only best_of=1 is supported", "best_of")
+    if body.get("prompt_logprobs") is not None:
+        raise _unsupported("prompt_logprobs")
+
+
+def _unsupported(key: str) -> ApiError:
+    """A field that would change the response's shape, which the emulator cannot fill in:
+    refused, so that a client learns it rather than reading nulls it did not ask for."""
+    return bad_request(f"'{key}' is not supported by the emulated engine", key)
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -124,7 +143,7 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
         return False
     if not isinstance(opts, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    if not stream:
+    if opts and not stream:  # vLLM tests its truthiness: an empty object passes
         raise bad_request("'stream_options' is only allowed with stream=true", "stream_options")
     return _opt_bool(opts, "include_usage", False)
 
@@ -164,6 +183,8 @@ def parse_completion(body: object) -> Generation:
         raise bad_request("'prompt' must be a string or an array of token ids", "prompt")
     if text is not None and not text:
         raise bad_request("'prompt' must not be empty", "prompt")
+    if body.get("logprobs") is not None:  # any count, 0 included, asks for the sampled one's
+        raise _unsupported("logprobs")
     stream = _opt_bool(body, "stream", False)
     return Generation(
         kind="completion",
@@ -179,6 +200,8 @@ def parse_completion(body: object) -> Generation:
         cache_salt=_cache_salt(body),
         priority=_priority(body),
         add_special_tokens=_opt_bool(body, "add_special_tokens", True),
+        include_stop_str=_opt_bool(body, "include_stop_str_in_output", False),
+        echo=_opt_bool(body, "echo", False),
     )
 
 
@@ -187,9 +210,18 @@ def parse_chat(body: object) -> Generation:
     body = _object(body)
     _check_common(body)
     chat = _chat_request(body)
-    max_tokens = _opt_positive_int(body, "max_completion_tokens")
+    max_tokens_param = "max_completion_tokens"
+    max_tokens = _opt_positive_int(body, max_tokens_param)
     if max_tokens is None:
-        max_tokens = _opt_positive_int(body, "max_tokens")
+        max_tokens_param = "max_tokens"
+        max_tokens = _opt_positive_int(body, max_tokens_param)
+    if _opt_bool(body, "logprobs", False):
+        raise _unsupported("logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (not _is_int(top) or top > 0):
+        raise _unsupported("top_logprobs")
+    if _opt_bool(body, "echo", False):  # a chat's echo repeats the last message: not modelled
+        raise _unsupported("echo")
     stream = _opt_bool(body, "stream", False)
     return Generation(
         kind="chat",
@@ -204,6 +236,8 @@ def parse_chat(body: object) -> Generation:
         ignore_eos=_opt_bool(body, "ignore_eos", False),
         cache_salt=_cache_salt(body),
         priority=_priority(body),
+        include_stop_str=_opt_bool(body, "include_stop_str_in_output", False),
+        max_tokens_param=max_tokens_param,
     )
 
 
@@ -243,6 +277,7 @@ class TokenizeRequest:
     prompt: str | None
     chat: ChatRequest | None
     add_special_tokens: bool
+    return_token_strs: bool = False
 
 
 def parse_tokenize(body: object) -> TokenizeRequest:
@@ -250,6 +285,7 @@ def parse_tokenize(body: object) -> TokenizeRequest:
     body = _object(body)
     prompt = body.get("prompt")
     messages = body.get("messages")
+    token_strs = _opt_bool(body, "return_token_strs", False)
     if prompt is not None:
         if not isinstance(prompt, str):
             raise bad_request("'prompt' must be a string", "prompt")
@@ -258,6 +294,7 @@ def parse_tokenize(body: object) -> TokenizeRequest:
             prompt,
             None,
             _opt_bool(body, "add_special_tokens", True),
+            token_strs,
         )
     if messages is None:
         raise bad_request("'prompt' or 'messages' is required", "prompt")
@@ -266,6 +303,7 @@ def parse_tokenize(body: object) -> TokenizeRequest:
         None,
         _chat_request(body),
         _opt_bool(body, "add_special_tokens", False),
+        token_strs,
     )
 
 

@@ -1,5 +1,6 @@
 """One request's output as it is produced: token texts pushed by an engine, taken by its HTTP
-handler, with the request's latency metrics recorded on the way."""
+handler, with the request's metrics recorded on the way and its stop strings matched token by
+token (so that the token completing one is the request's last)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,52 @@ from kvtide.engine_server.metrics import EngineMetrics
 _WALL = WallClock()
 
 
+class StopMatcher:
+    """Stop strings over the text generated so far, as vLLM's detokenizer checks them: the
+    text ends before the first match (after it with ``include_stop_str``). ``hold_chars`` is
+    how much of the text's end a stream must hold back until the request ends (vLLM's
+    ``stop_buffer_length``): the start of a stop string that a later token completes."""
+
+    __slots__ = ("_longest", "hold_chars", "include_stop_str", "matched", "stops", "text")
+
+    def __init__(self, stops: tuple[str, ...], include_stop_str: bool = False) -> None:
+        self.stops = stops
+        self.include_stop_str = include_stop_str
+        self._longest = max(map(len, stops), default=0)
+        self.hold_chars = 0 if include_stop_str or not stops else self._longest - 1
+        self.matched: str | None = None
+        self.text = ""
+
+    def check(self, texts: list[str]) -> bool:
+        """Appends the new tokens' texts; True (and ``text`` cut at the match) when a stop
+        string has appeared."""
+        start = max(0, len(self.text) - self._longest + 1)
+        self.text += "".join(texts)
+        best: tuple[int, str] | None = None
+        for s in self.stops:
+            at = self.text.find(s, start)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, s)
+        if best is None:
+            return False
+        at, stop = best
+        self.text = self.text[: at + len(stop) if self.include_stop_str else at]
+        self.matched = stop
+        return True
+
+
 class RequestStream:
     """Pushed by one engine task, taken by one handler (both on the event loop's thread).
 
     ``cached_tokens`` is set with the first token, as vLLM reports it in ``usage``;
-    ``finish_reason`` ("length", "stop", "abort") once the engine is done with the request.
+    ``finish_reason`` ("length", "stop", "abort") once the engine is done with the request;
+    ``stop_reason`` the stop string that ended it, if one did.
     """
 
     __slots__ = (
         "_metrics",
+        "_sent_chars",
+        "_stop",
         "_waiter",
         "arrival_wall_s",
         "cached_tokens",
@@ -30,6 +68,7 @@ class RequestStream:
         "pending",
         "prompt_tokens",
         "request_id",
+        "stop_reason",
     )
 
     def __init__(
@@ -44,18 +83,31 @@ class RequestStream:
         self.cached_tokens = 0
         self.num_generated = 0
         self.finish_reason: str | None = None
+        self.stop_reason: str | None = None
         self.pending: list[str] = []
+        self._stop: StopMatcher | None = None
+        self._sent_chars = 0
         self._waiter: asyncio.Future[None] | None = None
 
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
+    def stop_at(self, stops: tuple[str, ...], include_stop_str: bool = False) -> None:
+        """Ends the request with "stop" at the token that completes one of ``stops``; called
+        by the handler right after ``submit``, before the engine can push a token. The owner
+        of the request then sees ``stop_reason`` set and aborts it in its backend."""
+        if stops:
+            self._stop = StopMatcher(stops, include_stop_str)
+
     def first_token(self, cached_tokens: int) -> None:
+        """The prefill is done: the prompt counts as processed from now on."""
         self.cached_tokens = cached_tokens
+        self._metrics.prefilled(self.prompt_tokens, cached_tokens)
 
     def push(self, text: str) -> None:
-        """One generated token."""
+        """One generated token (ignored once the request is finished: a stop string ends it
+        though the engine may have produced more in the same step)."""
         if self.finish_reason is not None:
             return
         now = _WALL.now()
@@ -65,21 +117,33 @@ class RequestStream:
             self._metrics.inter_token(now - self.last_token_wall_s)
         self.last_token_wall_s = now
         self.num_generated += 1
-        self.pending.append(text)
+        stop = self._stop
+        if stop is None:
+            self.pending.append(text)
+        elif stop.check([text]):
+            self.stop_reason = stop.matched
+            self.finish("stop")
+            return
+        else:
+            self._release(len(stop.text) - stop.hold_chars)
         self._wake()
 
+    def _release(self, upto: int) -> None:
+        """Hands the stop matcher's text up to ``upto`` characters to the handler."""
+        assert self._stop is not None
+        if upto > self._sent_chars:
+            self.pending.append(self._stop.text[self._sent_chars : upto])
+            self._sent_chars = upto
+
     def finish(self, reason: str) -> None:
-        """The engine is done with the request (once; later calls are ignored)."""
+        """The engine is done with the request (once; later calls are ignored); the text held
+        back for stop strings goes out with it."""
         if self.finish_reason is not None:
             return
         self.finish_reason = reason
-        self._metrics.finished(
-            reason,
-            self.prompt_tokens,
-            self.num_generated,
-            self.cached_tokens,
-            _WALL.now() - self.arrival_wall_s,
-        )
+        if self._stop is not None:
+            self._release(len(self._stop.text))
+        self._metrics.ended(reason, _WALL.now() - self.arrival_wall_s)
         self._wake()
 
     def _wake(self) -> None:

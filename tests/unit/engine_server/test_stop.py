@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtide.engine_server.app import StopMatcher
+from kvtide.engine_server.metrics import EngineMetrics
+from kvtide.engine_server.stream import RequestStream, StopMatcher
 
 ALPHABET = "ab c"
 
@@ -29,10 +30,44 @@ def test_matches_the_whole_text_reference(
 ) -> None:
     matcher = StopMatcher(tuple(stops))
     i, c = 0, 0
-    while i < len(tokens) and matcher.active:
+    while i < len(tokens) and matcher.matched is None:
         n = cuts[c % len(cuts)] if cuts else 1
         matcher.check(tokens[i : i + n])
         i += n
         c += 1
     text, stop = reference("".join(tokens[:i]), tuple(stops))
     assert (matcher.text, matcher.matched) == (text, stop)
+
+
+@given(
+    tokens=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=30),
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), min_size=1, max_size=3),
+    include=st.booleans(),
+)
+def test_a_stream_hands_over_only_final_text_and_stops_at_the_completing_token(
+    tokens: list[str], stops: list[str], include: bool
+) -> None:
+    """Every prefix of what the stream hands over is a prefix of the final text (a stop
+    string's start is held back until the request ends), and the tokens after the one
+    completing a stop string count nowhere."""
+    stream = RequestStream("r", 1, len(tokens) + 1, EngineMetrics("m"))
+    stream.stop_at(tuple(stops), include)
+    sent: list[str] = []
+    for t in tokens:
+        stream.push(t)
+        sent.extend(stream.pending)
+        stream.pending.clear()
+    stream.finish("length")
+    sent.extend(stream.pending)
+    text, stop = reference("".join(tokens), tuple(stops))
+    if include and stop is not None:
+        text += stop
+    assert "".join(sent) == text and stream.stop_reason == stop
+    whole = ""
+    for n, t in enumerate(tokens, 1):
+        whole += t
+        if any(s in whole for s in stops):
+            assert stream.num_generated == n and stream.finish_reason == "stop"
+            break
+    else:
+        assert stream.num_generated == len(tokens) and stream.finish_reason == "length"
