@@ -88,11 +88,19 @@ class FragmentationProbe:
         self.copy_blocks = max(1, copy_blocks)
         self.model = model
         self.snapshots: list[PoolSnapshot] = []
+        self._ticks = 0
         loop.at(start_s, self._tick)
 
     def _tick(self, _: object = None) -> None:
         for r in self.fleet.replicas:
             self.snapshots.append(snapshot(r.engine, self.copy_blocks))
+        # a run that outlasts its arrivals many times over (all of them at one instant: the
+        # interval was then 5 ns, and a profile never ended) is sampled ever more sparsely:
+        # the interval doubles every 4 x SNAPSHOTS ticks, so their count grows with the log
+        # of the run's length
+        self._ticks += 1
+        if self._ticks % (4 * SNAPSHOTS) == 0:
+            self.interval_s *= 2
         # The scenario's sampler and the fleet telemetry each keep one event on the loop while
         # anything else is left: more than those two means the run goes on.
         if len(self.loop) > 2:
@@ -168,7 +176,7 @@ def profile(
                 fleet,
                 loop,
                 requests[0].arrival_s,
-                span_s / SNAPSHOTS,
+                max(span_s / SNAPSHOTS, MIN_INTERVAL_S),
                 round(mean_prompt / bt),
                 model,
             )
@@ -180,3 +188,5 @@ def profile(
 
 SNAPSHOTS = 200
 """Snapshots over the arrival span (the probe goes on while requests drain)."""
+MIN_INTERVAL_S = 0.01
+"""The shortest interval between snapshots (simulated): a few decode steps."""

@@ -82,3 +82,23 @@ def test_profile_bad_block_size_is_one_line(capsys: pytest.CaptureFixture[str]) 
     assert main(["profile", "--block-sizes", "16,x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--block-sizes" in err[0]
+
+
+@pytest.mark.timeout(60)
+def test_profile_of_requests_arriving_at_one_instant_ends(tmp_path: Path) -> None:
+    """Every arrival at one instant made the snapshot interval 5 ns of simulated time: a
+    three-request profile never ended. The interval has a floor and grows as the run
+    outlasts its arrivals, so the snapshots stay few."""
+    trace = tmp_path / "same_time.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"token_ids": list(range(i * 1000, i * 1000 + 200)), "output_length": 50})
+            + "\n"
+            for i in range(3)
+        )
+    )
+    out = tmp_path / "p.json"
+    argv = ["profile", "--workload", str(trace), "--block-sizes", "16", "--json", str(out)]
+    assert main(argv) == 0
+    (row,) = json.loads(out.read_text())["block_sizes"]
+    assert 0 < row["snapshots"] < 10_000
