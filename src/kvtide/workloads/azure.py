@@ -65,6 +65,9 @@ def read_azure(
 def read_rows(path: Path) -> Iterator[AzureRow]:
     name = str(path)
     try:
+        with path.open("rb") as raw:
+            if raw.read(2) == b"\x1f\x8b":
+                raise TraceFormatError(name, 1, "a gzip-compressed file; decompress it first")
         with path.open(newline="", encoding="utf-8") as file:
             reader = csv.reader(file)
             header = next(reader, None)
@@ -87,6 +90,10 @@ def read_rows(path: Path) -> Iterator[AzureRow]:
                     raise TraceFormatError(name, line, f"bad row {','.join(cells)!r}") from exc
                 if first is None:
                     first = stamp
+                if (stamp.tzinfo is None) != (first.tzinfo is None):
+                    raise TraceFormatError(
+                        name, line, "TIMESTAMP mixes times with and without a timezone"
+                    )
                 arrival_s = (stamp - first).total_seconds()
                 if arrival_s < previous_s:
                     raise TraceFormatError(name, line, "TIMESTAMP goes backwards; sort the trace")
@@ -97,9 +104,21 @@ def read_rows(path: Path) -> Iterator[AzureRow]:
                 previous_s = arrival_s
                 yield AzureRow(arrival_s, prompt_tokens, output_tokens)
     except UnicodeDecodeError as exc:
-        raise TraceFormatError(name, 0, "not a UTF-8 text file") from exc
+        raise TraceFormatError(name, _line_of(path, exc), "not UTF-8 text") from exc
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read workload: {exc.strerror or exc}") from exc
+
+
+def _line_of(path: Path, exc: UnicodeDecodeError) -> int:
+    """The line holding the first byte that is not UTF-8 (the decoder reads ahead in blocks,
+    so its own position is not the reader's line)."""
+    with path.open("rb") as file:
+        for number, line in enumerate(file, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
 
 
 @dataclass(slots=True)

@@ -47,14 +47,50 @@ class BuiltinParams(Protocol):
 
 
 def check_params(params: BuiltinParams) -> None:
-    """Every parameter must be a finite number, positive unless ``may_be_zero`` names it."""
+    """Every parameter must be a finite number, positive unless ``may_be_zero`` names it, and
+    within what a generator can plan (``limit_of``): sessions and pools are planned before
+    the first request, so a billion sessions or a trillion-token prompt hung a run or ended
+    it in a MemoryError."""
+    name = type(params).__name__.lower()
     for field in dataclasses.fields(params):
         value = getattr(params, field.name)
         is_zero_ok = field.name in params.may_be_zero
         if not (math.isfinite(value) and (value >= 0 if is_zero_ok else value > 0)):
-            name = type(params).__name__.lower()
             sign = "non-negative" if is_zero_ok else "positive"
             raise ConfigError(f"{name} workload: {field.name} must be {sign}, got {value}")
+        limit = limit_of(field.name)
+        if value > limit:
+            raise ConfigError(
+                f"{name} workload: {field.name} must be at most {limit:,}, got {value}"
+            )
+    for count, tokens in (("system_prompts", "system_tokens"), ("documents", "doc_tokens")):
+        pool = getattr(params, count, 0) * getattr(params, tokens, 0)
+        if pool > MAX_POOL_TOKENS:
+            raise ConfigError(
+                f"{name} workload: {count} x {tokens} must be at most {MAX_POOL_TOKENS:,} "
+                f"tokens (the shared pool is generated up front), got {pool:,.0f}"
+            )
+
+
+MAX_POOL_TOKENS = 1 << 27
+"""Tokens of a shared pool (system prompts, documents) generated up front: 512 MiB of ids."""
+
+
+def limit_of(field: str) -> float:
+    """The largest value a built-in's parameter may take, by its name's kind: well past any
+    real deployment (a 16Mi-token context, a million sessions, three years), short of what
+    hangs a run."""
+    if field.endswith("_tokens"):
+        return 1 << 24
+    if field in ("sessions", "requests", "burst_sessions"):
+        return 1_000_000
+    if field in ("documents", "system_prompts", "tenants", "max_docs"):
+        return 100_000
+    if field in ("turns", "steps"):
+        return 10_000
+    if field.endswith("_s"):
+        return 1e8
+    return 1e6  # rates, skews, scales
 
 
 def _uniform_sessions(

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import pytest
 
 from kvtide.errors import TraceFormatError
@@ -68,6 +71,11 @@ def test_the_prefix_structure_is_seeded() -> None:
         ([HEADER, "yesterday,3,4"], 2, "bad row"),
         ([HEADER, "2023-11-16 18:15:46,0,4"], 2, "ContextTokens must be >= 1"),
         ([HEADER, "2023-11-16 18:15:46,3,4", "2023-11-16 18:15:45,3,4"], 3, "goes backwards"),
+        (  # a TypeError's traceback before
+            [HEADER, "2023-11-16 18:15:46,3,4", "2023-11-16 18:15:47+00:00,3,4"],
+            3,
+            "mixes times with and without a timezone",
+        ),
     ],
 )
 def test_bad_csv_rows_name_the_line(
@@ -80,3 +88,21 @@ def test_bad_csv_rows_name_the_line(
 
     assert caught.value.line == line
     assert problem in caught.value.problem
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "az.csv"
+    path.write_bytes(
+        (HEADER + "\n2023-11-16 18:15:46,3,4\n").encode() + b"2023-11-16 18:15:47,\xff3,4\n"
+    )
+    with pytest.raises(TraceFormatError) as caught:
+        list(read_azure(path, block_tokens=16))
+    assert caught.value.line == 3 and "UTF-8" in caught.value.problem
+
+
+def test_a_gzip_file_is_named_as_one(tmp_path: Path) -> None:
+    path = tmp_path / "az.csv"
+    path.write_bytes(gzip.compress((HEADER + "\n2023-11-16 18:15:46,3,4\n").encode()))
+    with pytest.raises(TraceFormatError) as caught:
+        list(read_azure(path, block_tokens=16))
+    assert caught.value.line == 1 and "gzip" in caught.value.problem

@@ -120,6 +120,11 @@ def test_a_bare_builtin_is_the_default_mix() -> None:
         ("builtin:rag:zipf=-0.5", "rag workload: zipf must be non-negative, got -0.5"),
         ("builtin:tenants:burst_at_s=590", "the burst must end within duration_s"),
         ("builtin:agent:tool_s=inf", "agent workload: tool_s must be positive, got inf"),
+        # past what a generator can plan: these hung or ended in a MemoryError
+        ("builtin:chat:system_tokens=1e12", "system_tokens must be at most 16,777,216"),
+        ("builtin:chat:sessions=1000000000", "sessions must be at most 1,000,000"),
+        ("builtin:rag:documents=1000000", "documents must be at most 100,000"),
+        ("builtin:rag:documents=100000,doc_tokens=5000", "documents x doc_tokens must be at"),
     ],
 )
 def test_bad_builtin_specs_are_config_errors(spec: str, problem: str) -> None:
