@@ -24,6 +24,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from kvtide.cli._checks import check_writable, write_text
 from kvtide.cli.processes import (
     Engine,
     ProcessGroup,
@@ -306,6 +307,7 @@ def run_router(
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.json_path, "--json")  # before the runs, not after them
     console = Console(stderr=True)
     done: list[dict[str, Any]] = []
     for router in ROUTERS:
@@ -323,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "runs": done,
         }
-        args.json_path.write_text(json.dumps(report, indent=1) + "\n")
+        write_text(args.json_path, json.dumps(report, indent=1) + "\n")
     return 0
 
 

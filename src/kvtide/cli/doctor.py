@@ -26,6 +26,7 @@ from kvtide.quantities import flag, integer, real
 from kvtide.sim.scenario import Scenario
 from kvtide.sim.scenario import run as simulate
 from kvtide.telemetry.diagnosis import Bounds, Observed, diagnose
+from kvtide.workloads.workload import MAX_REQUESTS
 
 QUERY = '{__name__=~"kvtide_.*"}'
 TIMEOUT_S = 10.0
@@ -67,7 +68,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SPEC",
         help="the observed workload (trace path or builtin:NAME) to compute the ceilings on",
     )
-    parser.add_argument("--requests", type=flag(integer, minimum=1), metavar="N", help="first N")
+    parser.add_argument(
+        "--requests",
+        type=flag(integer, minimum=1, maximum=MAX_REQUESTS),
+        metavar="N",
+        help="first N",
+    )
     parser.add_argument("--policy", default="tide", metavar="P", help="eviction policy (tide)")
     parser.add_argument(
         "--capacity-tokens",

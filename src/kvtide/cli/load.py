@@ -17,6 +17,7 @@ from kvtide.loadgen import APIS, PROMPT_FORMATS, LoadConfig, Slo, run_load, sche
 from kvtide.quantities import duration, flag, integer, real, text
 from kvtide.text import load_tokenizer
 from kvtide.workloads import open_workload
+from kvtide.workloads.workload import MAX_REQUESTS
 
 DEFAULT_WORKLOAD = "builtin:chat"
 
@@ -87,7 +88,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--duration", type=flag(duration, minimum=0.001), metavar="S", help="stop sending after S"
     )
-    parser.add_argument("--requests", type=flag(integer, minimum=1), metavar="N", help="send N")
+    parser.add_argument(
+        "--requests",
+        type=flag(integer, minimum=1, maximum=MAX_REQUESTS),
+        metavar="N",
+        help="send N",
+    )
     parser.add_argument(
         "--timeout",
         type=flag(duration, minimum=0.001),

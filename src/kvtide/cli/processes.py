@@ -202,6 +202,8 @@ class ChildProcess:
             except ProcessLookupError:
                 pass
         self._reader.join(2.0)
+        if not self._reader.is_alive() and self.proc.stderr is not None:
+            self.proc.stderr.close()  # read to its end: closed here, not by the collector
         return self.proc.returncode
 
 
@@ -302,16 +304,21 @@ class ProcessGroup:
     def __enter__(self) -> ProcessGroup:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         if threading.current_thread() is not threading.main_thread():
             self.stop_all()
             return
-        # a second Ctrl-C while stopping must not leave children behind
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # a Ctrl-C while stopping must not leave children behind: it is noted, not raised,
+        # until they are stopped; then raised if nothing else is (ignored, as it was, a
+        # demo interrupted between its two runs went on to the second)
+        interrupted: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         try:
             self.stop_all()
         finally:
             signal.signal(signal.SIGINT, previous)
+        if interrupted and exc_type is None:
+            raise KeyboardInterrupt
 
 
 def requests_served(url: str) -> float:

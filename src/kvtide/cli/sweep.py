@@ -73,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.json_path, "--json")  # before the grid runs (hours, maybe), not after
     if args.out is not None:
         check_writable(args.out, "--out")
         format_rows([], args.out.suffix.lower())  # an unknown format, before any run

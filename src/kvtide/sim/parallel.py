@@ -6,9 +6,11 @@ output of a parallel run is identical to a sequential one.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
-from collections.abc import Callable, Sequence
+import signal
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -48,15 +50,23 @@ def run_many(
         return results
     ctx = multiprocessing.get_context("spawn")
     updates = ctx.Queue()
-    with ProcessPoolExecutor(
-        max_workers=min(jobs, len(scenarios)),
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(updates,),
-    ) as pool:
-        futures: list[Future[RunResult]] = [
-            pool.submit(_run_one, i, s) for i, s in enumerate(scenarios)
-        ]
+    # The workers start with SIGINT blocked (a spawned process keeps its parent's signal
+    # mask): a terminal's Ctrl-C goes to the whole process group, and each worker printed a
+    # KeyboardInterrupt traceback of its own. The parent, whose Ctrl-C waits while blocked
+    # and arrives once the workers are started, stops them instead.
+    pool: ProcessPoolExecutor | None = None
+    try:
+        with _sigint_blocked():
+            pool = ProcessPoolExecutor(
+                max_workers=min(jobs, len(scenarios)),
+                mp_context=ctx,
+                initializer=_init_worker,
+                initargs=(updates,),
+            )
+            futures: list[Future[RunResult]] = [
+                pool.submit(_run_one, i, s) for i, s in enumerate(scenarios)
+            ]
+        # (a Ctrl-C that waited while blocked arrives here)
         while not all(f.done() for f in futures):
             try:
                 position, fraction = updates.get(timeout=0.1)
@@ -65,7 +75,25 @@ def run_many(
             if progress is not None:
                 progress(position, fraction)
         results = [f.result() for f in futures]
+    except BaseException:  # Ctrl-C, or a worker's error: no worker outlives the run
+        for child in multiprocessing.active_children():
+            child.terminate()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)  # its manager thread sees them end, and ends
+        raise
+    pool.shutdown()
     if progress is not None:
         for i in range(len(scenarios)):
             progress(i, 1.0)
     return results
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread while the block starts processes, which keep it
+    blocked; one that arrives meanwhile is delivered when the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

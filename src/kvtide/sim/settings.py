@@ -29,6 +29,7 @@ from kvtide.quantities import (
     tokens,
 )
 from kvtide.sim.fleet import Outage
+from kvtide.workloads.workload import MAX_REQUESTS
 
 MAX_REPLICAS = 4096
 """More replicas than any fleet this simulator is meant for (each holds its own pool)."""
@@ -95,7 +96,7 @@ def _outages(value: object, *, name: str) -> tuple[Outage, ...]:
 
 SCENARIO_SETTINGS: Mapping[str, Setting] = {
     "workload": Setting(text),
-    "requests": Setting(integer, {"minimum": 1}, optional=True),
+    "requests": Setting(integer, {"minimum": 1, "maximum": MAX_REQUESTS}, optional=True),
     "block_tokens": Setting(tokens, {"minimum": 1, "maximum": 1 << 20}, optional=True),
     "time_scale": Setting(real, {"above": 0.0, "maximum": 1e9}),
     "load": Setting(real, {"above": 0.0, "maximum": 1e6}, optional=True),
