@@ -44,8 +44,10 @@ class Workload:
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
             raise ConfigError(f"block size must be at least 1 token, got {self.block_tokens}")
-        if self.limit is not None and not 1 <= self.limit <= MAX_REQUESTS:
-            raise ConfigError(f"request limit must be in [1, 2**62], got {self.limit}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"request limit must be at least 1, got {self.limit}")
+        if self.limit is not None and self.limit > MAX_REQUESTS:
+            raise ConfigError(f"request limit must be at most 2**62, got {self.limit}")
         if not (math.isfinite(self.time_scale) and self.time_scale > 0.0):
             raise ConfigError(f"time scale must be a positive number, got {self.time_scale}")
 
