@@ -102,6 +102,9 @@ class Exchange:
     hide_usage: bool = False
     """The gateway asked the engine for this stream's usage, the client did not: the usage
     event is read and dropped from the client's stream (``gateway.usage``)."""
+    count_output: bool = False
+    """The tenant is held to tokens per minute: the stream's output events are counted, for
+    the charge of a stream cut before the engine's usage (``gateway.usage.OutputCounter``)."""
 
     @property
     def answered(self) -> bool:

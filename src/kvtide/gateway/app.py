@@ -424,6 +424,7 @@ class Gateway:
         exchange.stream = stream
         if stream:
             exchange.hide_usage = ask_usage(body)
+            exchange.count_output = tenant.tokens_per_minute > 0
         max_tokens = _max_tokens(body, is_chat)
         prompt = self.prompt(body, is_chat, self.seed(model, tenant.salt))
         exchange.prompt_tokens = prompt.prompt_tokens
