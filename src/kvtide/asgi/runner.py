@@ -43,6 +43,9 @@ SHUTTING_DOWN = ApiError(
     Status(503, "service_unavailable", "shutting_down"), "the server is shutting down"
 )
 """What a request cut at the drain's deadline gets, by default (``cut_error``)."""
+DRAIN_CUT = "kvtide: the drain's deadline"
+"""The message of the cancellation a request gets at the drain's deadline: an app tells it
+from a client that went away by it."""
 
 
 def check_port(host: str, port: int, flag: str = "--port") -> int:
@@ -211,7 +214,7 @@ class AsgiServer:
             log.warning("drain: cancelling %d requests still in flight", len(self._in_flight))
             self._cutting = True
             for task in list(self._in_flight):
-                task.cancel()
+                task.cancel(DRAIN_CUT)
 
 
 class _Sent:

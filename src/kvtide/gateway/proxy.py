@@ -23,6 +23,7 @@ import orjson
 
 from kvtide.asgi import Send, respond
 from kvtide.asgi.messages import end_stream, send_chunk, start_stream
+from kvtide.asgi.runner import DRAIN_CUT
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
 from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.admission import Admission
@@ -341,8 +342,9 @@ class Proxy:
                 return 200
             await self._failed_mid_stream(send, replica, exchange, sent, exc)
             return 200
-        except asyncio.CancelledError:
-            if not exchange.answered:  # after it: the drain's deadline, not the client
+        except asyncio.CancelledError as exc:
+            # after the answer, or at the drain's deadline: not the client going away
+            if not exchange.answered and exc.args != (DRAIN_CUT,):
                 self.metrics.client_disconnects.inc()
             raise
         replica.succeeded()
