@@ -10,6 +10,7 @@ import contextlib
 import multiprocessing
 import queue
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -91,9 +92,20 @@ def run_many(
 @contextlib.contextmanager
 def _sigint_blocked() -> Iterator[None]:
     """SIGINT blocked in this thread while the block starts processes, which keep it
-    blocked; one that arrives meanwhile is delivered when the block ends."""
+    blocked, and held off in this process: the kernel may hand a Ctrl-C to another thread
+    (a progress display's), whose Python handler would raise it here mid-spawn, leaving a
+    worker half started (its own traceback). One that arrives meanwhile is raised when the
+    block ends. From the main thread only (the only one that may set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
