@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.integration.gateway.procs import (
@@ -63,3 +64,15 @@ def keyed_gateway(
         yield f"http://127.0.0.1:{port}", backends
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def redis_client() -> Any:
+    """The machine's Redis on 127.0.0.1:6379 (skip without one, or without the package)."""
+    redis = pytest.importorskip("redis")
+    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    return client

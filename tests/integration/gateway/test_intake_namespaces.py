@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -149,17 +150,11 @@ def test_a_malformed_event_is_counted_and_the_intake_goes_on() -> None:
 
 
 @pytest.mark.redis
-def test_redis_is_rewritten_from_the_local_index_when_it_returns() -> None:
+def test_redis_is_rewritten_from_the_local_index_when_it_returns(redis_client: Any) -> None:
     """A recovery (or a new lease holder) rewrites the engine's entries in Redis from the
     gateway's own index, which the outage did not touch. Before, both indexes were rebuilt
     from the engine's replay buffer: a block older than the buffer (a hot system prompt)
     was forgotten in both, and every block stored under it later was unresolved."""
-    redis = pytest.importorskip("redis")
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
     prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
 
     async def scenario() -> None:
@@ -193,7 +188,9 @@ def test_redis_is_rewritten_from_the_local_index_when_it_returns() -> None:
                     await asyncio.sleep(0.02)
                 for _ in range(40):  # the engine's replay buffer moves past the prompt
                     pub.publish(EngineEventBatch(time.time(), ()))
-                client.delete(*client.scan_iter(f"{prefix}:blk:*"))  # what an outage loses
+                redis_client.delete(
+                    *redis_client.scan_iter(f"{prefix}:blk:*")
+                )  # what an outage loses
                 shared._failed(ConnectionError("Redis went away"))  # as a failed call marks it
                 resyncs = shared.num_resyncs
                 await _until(lambda: shared.num_resyncs > resyncs and not shared.degraded)
@@ -210,7 +207,7 @@ def test_redis_is_rewritten_from_the_local_index_when_it_returns() -> None:
         finally:
             pub.close()
             server.close()
-            for key in client.scan_iter(f"{prefix}:*"):
-                client.delete(key)
+            for key in redis_client.scan_iter(f"{prefix}:*"):
+                redis_client.delete(key)
 
     _run(scenario)

@@ -76,20 +76,9 @@ def _wait(cond, timeout_s: float = 15.0) -> None:  # type: ignore[no-untyped-def
     raise AssertionError("condition not met in time")
 
 
-@pytest.fixture
-def client() -> redis.Redis:  # type: ignore[type-arg]
-    """The machine's Redis on 127.0.0.1:6379 (skip without one)."""
-    c = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
-    try:
-        c.ping()
-    except redis.RedisError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
-    return c
-
-
 def test_two_gateways_share_one_index_through_redis(
     engines: list[Engine],
-    client: redis.Redis,  # type: ignore[type-arg]
+    redis_client: redis.Redis,  # type: ignore[type-arg]
 ) -> None:
     prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
     state = ["--state", "redis://127.0.0.1:6379/0", "--state-prefix", prefix]
@@ -106,7 +95,7 @@ def test_two_gateways_share_one_index_through_redis(
     try:
         _wait(lambda: len(_ready(u1)["state"]["intakes_held"]) == 2)
         assert _chat(u1, "Parcel 7 goes where?") == 0
-        _wait(lambda: client.dbsize() > 0 and any(client.scan_iter(f"{prefix}:blk:*")))
+        _wait(lambda: redis_client.dbsize() > 0 and any(redis_client.scan_iter(f"{prefix}:blk:*")))
         time.sleep(0.5)
         assert _chat(u2, "Parcel 8 goes where?") > 0
         assert _metric_sum(u2, "kvtide_gateway_route_decisions_total", 'reason="affinity"') == 1
@@ -121,13 +110,13 @@ def test_two_gateways_share_one_index_through_redis(
     finally:
         g1.stop()
         g2.stop()
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
+        for key in redis_client.scan_iter(f"{prefix}:*"):
+            redis_client.delete(key)
 
 
 def test_two_gateways_hold_a_tenant_to_one_tokens_per_minute_limit(
     tmp_path: Path,
-    client: redis.Redis,  # type: ignore[type-arg]
+    redis_client: redis.Redis,  # type: ignore[type-arg]
 ) -> None:
     """Each gateway tells the others, through Redis, what it charged each tenant: a client
     going round two of them gets one limit's worth, not two."""
@@ -154,13 +143,13 @@ def test_two_gateways_hold_a_tenant_to_one_tokens_per_minute_limit(
                 # what one gateway charged reaches the other within two maintenance rounds
                 # (1 s each): its own write, then the other's read
                 time.sleep(2.5)
-        spent = int(client.get(f"{prefix}:tpm:{{alpha}}") or 0)
+        spent = int(redis_client.get(f"{prefix}:tpm:{{alpha}}") or 0)
     finally:
         for gw in gws:
             gw.stop()
         be.stop()
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
+        for key in redis_client.scan_iter(f"{prefix}:*"):
+            redis_client.delete(key)
     # 251 tokens a request against 600 a minute (25 back between requests): the third is
     # admitted on the guess (17) with 148 left, the fourth finds the bucket below empty;
     # each gateway alone would have let three through, six in all
@@ -170,7 +159,7 @@ def test_two_gateways_hold_a_tenant_to_one_tokens_per_minute_limit(
 
 def test_text_mode_gateways_share_their_decisions_through_redis(
     engines: list[Engine],
-    client: redis.Redis,  # type: ignore[type-arg]
+    redis_client: redis.Redis,  # type: ignore[type-arg]
 ) -> None:
     """No tokenizer, so no engine events: the second gateway learns where the first put a
     prefix only from the shadow index the first writes into Redis."""
@@ -183,15 +172,15 @@ def test_text_mode_gateways_share_their_decisions_through_redis(
     u1, u2 = f"http://127.0.0.1:{p1}", f"http://127.0.0.1:{p2}"
     try:
         assert _chat(u1, "Parcel 7 goes where?") == 0
-        _wait(lambda: any(client.scan_iter(f"{prefix}:shadow:blk:*")))
+        _wait(lambda: any(redis_client.scan_iter(f"{prefix}:shadow:blk:*")))
         assert _chat(u2, "Parcel 8 goes where?") > 0  # the same engine, so its cache
         assert _metric_sum(u2, "kvtide_gateway_route_decisions_total", 'reason="affinity"') == 1
         assert _metric_sum(u2, "kvtide_gateway_predicted_cached_tokens_total") > 0
     finally:
         g1.stop()
         g2.stop()
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
+        for key in redis_client.scan_iter(f"{prefix}:*"):
+            redis_client.delete(key)
 
 
 def _redis_server(port: int) -> subprocess.Popen[bytes]:

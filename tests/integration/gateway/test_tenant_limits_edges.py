@@ -130,15 +130,11 @@ def test_requests_the_engine_refuses_cost_nothing(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.timeout(120)
-def test_a_tenant_named_default_is_held_to_one_limit_across_gateways(tmp_path: Path) -> None:
+def test_a_tenant_named_default_is_held_to_one_limit_across_gateways(
+    tmp_path: Path, redis_client: Any
+) -> None:
     """``--state redis://``: a keys-file tenant may be named "default"; what one gateway
     charged it, the other takes from its bucket (not from the keyless default tenant's)."""
-    redis = pytest.importorskip("redis")
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
     keys = write_keys(tmp_path / "keys.yaml", {"default": KEYS["alpha"]}, tokens_per_minute=600)
     prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
     state = ["--state", "redis://127.0.0.1:6379/0", "--state-prefix", prefix]
@@ -156,8 +152,8 @@ def test_a_tenant_named_default_is_held_to_one_limit_across_gateways(tmp_path: P
             finally:
                 other.stop()
     finally:
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
+        for key in redis_client.scan_iter(f"{prefix}:*"):
+            redis_client.delete(key)
     assert status == 429, body
 
 
