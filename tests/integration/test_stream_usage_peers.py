@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtide.gateway.usage import USAGE_MARK, UsageHider, ask_usage
+from kvtide.gateway.usage import USAGE_MARK, UsageHider, ask_usage, whole_events
 
 PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
 SCRIPT = Path(__file__).with_name("peer_stream_chunks.py")
@@ -36,13 +36,13 @@ def peers() -> dict:
 
 
 def _relay(stream: bytes, cut: int) -> bytes:
-    hider, out = UsageHider(), b""
+    hider, out, held = UsageHider(), b"", b""
     for read in (stream[:cut], stream[cut:]):
-        events = hider.take(read)
+        events, held = whole_events(held + read)
         if USAGE_MARK in events:
             events = hider.hide(events)
         out += events
-    return out + hider.rest()
+    return out + held
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -9,9 +9,10 @@ so without this the gateway would be blind on most streamed chat traffic. The ga
 it upstream, reads the usage event, and drops it from what the client gets: the client sees
 the stream it asked for.
 
-To drop an event, the gateway must see it whole before passing any of it on, so in that mode
-the stream goes to the client in whole SSE events: bytes after the last event boundary wait
-for the rest of their event (a client cannot act on half an event either). Past
+To drop an event, the gateway must see it whole before passing any of it on. Every stream
+goes to the client in whole SSE events (``whole_events``, in ``gateway.proxy``): bytes after
+the last event boundary wait for the rest of their event (a client cannot act on half an
+event either, and an error event after a failure must not land inside one). Past
 ``MAX_HELD_BYTES`` without a boundary the bytes go through as they are.
 """
 
@@ -59,22 +60,14 @@ def ask_usage(body: dict[str, Any]) -> bool:
 
 
 class UsageHider:
-    """One stream on its way to a client that did not ask for usage: ``take`` each read (the
-    whole events so far come back), read them, ``hide`` their usage, and at the end send on
-    ``rest`` (an event the engine never finished)."""
+    """One stream on its way to a client that did not ask for usage: ``hide`` the usage of
+    each run of whole events (the proxy frames the stream: ``whole_events``)."""
 
-    __slots__ = ("active", "held")
+    __slots__ = ("active",)
 
     def __init__(self) -> None:
-        self.held = b""
         self.active = True
         """False once the engine turned out to send usage unasked: the rest passes as is."""
-
-    def take(self, data: bytes) -> bytes:
-        if not self.active:
-            return data
-        events, self.held = whole_events(self.held + data)
-        return events
 
     def hide(self, events: bytes) -> bytes:
         if not self.active:
@@ -83,12 +76,7 @@ class UsageHider:
         if hidden is not None:
             return hidden
         self.active = False
-        events, self.held = events + self.held, b""
         return events
-
-    def rest(self) -> bytes:
-        held, self.held = self.held, b""
-        return held
 
 
 class OutputCounter:

@@ -111,16 +111,16 @@ def test_whole_events_holds_only_the_unfinished_event() -> None:
 
 
 def _relay(reads: list[bytes]) -> tuple[bytes, list[bytes]]:
-    """What the proxy sends on, as it drives a ``UsageHider``."""
-    hider, sent = UsageHider(), []
+    """What the proxy sends on: whole events (``whole_events``) through a ``UsageHider``."""
+    hider, sent, held = UsageHider(), [], b""
     for read in reads:
-        events = hider.take(read)
+        events, held = whole_events(held + read)
         if events:
             events = hider.hide(events)
         if events:
             sent.append(events)
-    if rest := hider.rest():
-        sent.append(rest)
+    if held:
+        sent.append(held)
     return b"".join(sent), sent
 
 
