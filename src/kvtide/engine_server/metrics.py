@@ -131,15 +131,6 @@ class EngineMetrics:
         if reason != "abort":
             self.e2e.observe(e2e_s)
 
-    def finished(
-        self, reason: str, prompt_tokens: int, output_tokens: int, cached_tokens: int, e2e_s: float
-    ) -> None:
-        """A whole request at once (its prefill, its output tokens and its end), for a caller
-        that sees requests only when they end; no latency histogram but e2e is observed."""
-        self.prefilled(prompt_tokens, cached_tokens)
-        self.generation_tokens += output_tokens
-        self.ended(reason, e2e_s)
-
     def render(self) -> bytes:
         body = generate_latest(self.registry)
         tel = self._telemetry

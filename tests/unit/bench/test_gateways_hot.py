@@ -120,15 +120,24 @@ def test_drive_says_when_the_last_request_is_sent_before_the_answers_end() -> No
     assert max(answered) <= marks["returned"]
 
 
+def _served(m: EngineMetrics, reason: str, prompt_tokens: int, cached_tokens: int) -> None:
+    """One request of 8 output tokens through ``m``, as the engine's request stream counts it."""
+    m.prefilled(prompt_tokens, cached_tokens)
+    m.first_token(0.05)
+    for _ in range(7):
+        m.inter_token(0.01)
+    m.ended(reason, 0.1)
+
+
 def test_the_workloads_phase_reads_each_engines_share_from_its_metrics() -> None:
     """Two engines' real /metrics bodies (EngineMetrics, as `kvtide engine` serves them) over
     HTTP: requests, prompt tokens and cached tokens per engine, and the queue samples."""
     busy = EngineMetrics("emu")
     busy.bind_gauges(lambda: 4.0, lambda: 3.0, lambda: 0.5)
     for _ in range(3):
-        busy.finished("stop", prompt_tokens=1000, output_tokens=8, cached_tokens=750, e2e_s=0.1)
+        _served(busy, "stop", prompt_tokens=1000, cached_tokens=750)
     quiet = EngineMetrics("emu")
-    quiet.finished("length", prompt_tokens=1000, output_tokens=8, cached_tokens=0, e2e_s=0.1)
+    _served(quiet, "length", prompt_tokens=1000, cached_tokens=0)
 
     async def main() -> list[dict[str, float]]:
         runners, engines = [], []
