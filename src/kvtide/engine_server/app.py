@@ -450,13 +450,14 @@ class _Frames:
     def token(self, text: str, finish: str | None = None, stop: str | None = None) -> bytes:
         t = orjson.dumps(text)
         f = b"null" if finish is None else b'"' + finish.encode() + b'"'
-        s = orjson.dumps(stop)
         if self._chat:
             choice = b'{"index":0,"delta":{"content":' + t + b'},"logprobs":null,"finish_reason":'
             if finish is None:
                 return self._head + choice + f + b"}" + self._tail
             # vLLM sets a chat chunk's stop_reason on the final one only
+            s = orjson.dumps(stop)
             return self._head + choice + f + b',"stop_reason":' + s + b"}" + self._tail
+        s = orjson.dumps(stop)
         choice = b'{"index":0,"text":' + t + b',"logprobs":null,"finish_reason":' + f
         return self._head + choice + b',"stop_reason":' + s + b"}" + self._tail
 
