@@ -124,6 +124,17 @@ async def start_stream(send: Send, status: int, headers: list[tuple[bytes, bytes
     await send({"type": "http.response.start", "status": status, "headers": headers})
 
 
+def ends_event(tail: bytes) -> bool:
+    """Whether a stream whose last bytes are ``tail`` (``stream_tail``) ends on an SSE event
+    boundary, a blank line (LF or CRLF): what is sent after it is an event of its own."""
+    return not tail or tail.endswith((b"\n\n", b"\n\r\n"))
+
+
+def stream_tail(tail: bytes, data: bytes) -> bytes:
+    """The last bytes ``ends_event`` reads of a stream that ended in ``tail``, then ``data``."""
+    return data[-3:] if len(data) >= 3 else (tail + data)[-3:]
+
+
 async def send_chunk(send: Send, data: bytes) -> None:
     """One chunk of a streamed body (an SSE event, or several), sent as it is, unbuffered."""
     await send({"type": "http.response.body", "body": data, "more_body": True})

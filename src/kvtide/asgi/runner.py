@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from kvtide.asgi.api_errors import ApiError, Status, sse_error_event
-from kvtide.asgi.messages import Message, Receive, Scope, Send
+from kvtide.asgi.messages import Message, Receive, Scope, Send, ends_event, stream_tail
 from kvtide.errors import ConfigError, KvtideError
 
 log = logging.getLogger("kvtide.asgi")
@@ -238,7 +238,7 @@ class _Sent:
         elif message["type"] == "http.response.body":
             body = message.get("body", b"")
             if body:
-                self.tail = body[-4:]
+                self.tail = stream_tail(self.tail, body)
             if not message.get("more_body", False):
                 self.done = True
         await self.send(message)
@@ -252,8 +252,8 @@ class _Sent:
                              "headers": headers})  # fmt: skip
             await self.send({"type": "http.response.body", "body": err.body()})
         elif self.event_stream:
-            ended = not self.tail or self.tail.endswith((b"\n\n", b"\r\n\r\n"))
-            event = sse_error_event(err) if ended else b"\n\n" + sse_error_event(err)
+            gap = b"" if ends_event(self.tail) else b"\n\n"
+            event = gap + sse_error_event(err)
             await self.send({"type": "http.response.body", "body": event})
         else:  # a JSON body cut short: the client sees it end early
             await self.send({"type": "http.response.body", "body": b""})

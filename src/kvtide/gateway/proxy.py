@@ -22,7 +22,13 @@ from typing import Any
 import orjson
 
 from kvtide.asgi import Send, respond
-from kvtide.asgi.messages import end_stream, send_chunk, start_stream
+from kvtide.asgi.messages import (
+    end_stream,
+    ends_event,
+    send_chunk,
+    start_stream,
+    stream_tail,
+)
 from kvtide.asgi.runner import DRAIN_CUT
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
 from kvtide.gateway.access_log import Exchange
@@ -97,12 +103,8 @@ class _Sent:
         """Notes ``data``, about to be sent; ``data``."""
         if self.output is not None:
             self.output.take(data)
-        self.tail = data[-3:] if len(data) >= 3 else (self.tail + data)[-3:]
+        self.tail = stream_tail(self.tail, data)
         return data
-
-    @property
-    def ends_event(self) -> bool:
-        return not self.tail or self.tail.endswith((b"\n\n", b"\n\r\n"))
 
 
 class Proxy:
@@ -375,7 +377,7 @@ class Proxy:
         err = ApiError(BAD_GATEWAY, "the engine failed mid-stream")
         # an event the engine broke off (one over MAX_HELD_BYTES, passed on unended) is
         # ended first, so that the error is an event of its own
-        gap = b"" if sent.ends_event else b"\n\n"
+        gap = b"" if ends_event(sent.tail) else b"\n\n"
         await end_stream(send, gap + sse_error_event(err))
 
     def _book_failure(self, replica: Replica) -> None:
