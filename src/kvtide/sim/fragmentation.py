@@ -87,24 +87,27 @@ class FragmentationProbe:
         self.interval_s = interval_s
         self.copy_blocks = max(1, copy_blocks)
         self.model = model
-        self.snapshots: list[PoolSnapshot] = []
-        self._ticks = 0
+        self._ticks: list[list[PoolSnapshot]] = []  # every replica's, per tick
         loop.at(start_s, self._tick)
 
+    @property
+    def snapshots(self) -> list[PoolSnapshot]:
+        return [x for tick in self._ticks for x in tick]
+
     def _tick(self, _: object = None) -> None:
-        for r in self.fleet.replicas:
-            self.snapshots.append(snapshot(r.engine, self.copy_blocks))
+        self._ticks.append([snapshot(r.engine, self.copy_blocks) for r in self.fleet.replicas])
         # a run that outlasts its arrivals many times over (all of them at one instant: the
-        # interval was then 5 ns, and a profile never ended) is sampled ever more sparsely:
-        # the interval doubles every 4 x SNAPSHOTS ticks, so their count grows with the log
-        # of the run's length
-        self._ticks += 1
-        if self._ticks % (4 * SNAPSHOTS) == 0:
+        # interval was then 5 ns, and a profile never ended) is sampled ever more sparsely,
+        # and still evenly: at 4 x SNAPSHOTS ticks every other one goes and the interval
+        # doubles, so the ticks kept stay on one grid and their count stays bounded
+        next_s = self.interval_s
+        if len(self._ticks) == 4 * SNAPSHOTS:
+            self._ticks = self._ticks[::2]  # the last one dropped: the next is on the grid
             self.interval_s *= 2
         # The scenario's sampler and the fleet telemetry each keep one event on the loop while
         # anything else is left: more than those two means the run goes on.
         if len(self.loop) > 2:
-            self.loop.at(self.loop.clock.now() + self.interval_s, self._tick)
+            self.loop.at(self.loop.clock.now() + next_s, self._tick)
 
     def report(self) -> FragmentationReport:
         s = self.snapshots
