@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from kvtide.errors import ConfigError, TraceFormatError
 from kvtide.types import Request
@@ -65,11 +65,11 @@ def read_azure(
 def read_rows(path: Path) -> Iterator[AzureRow]:
     name = str(path)
     try:
-        with path.open("rb") as raw:
-            if raw.read(2) == b"\x1f\x8b":
+        with path.open("rb") as file:
+            if file.read(2) == b"\x1f\x8b":
                 raise TraceFormatError(name, 1, "a gzip-compressed file; decompress it first")
-        with path.open(newline="", encoding="utf-8") as file:
-            reader = csv.reader(file)
+            file.seek(0)
+            reader = csv.reader(_text_lines(file, name))
             header = next(reader, None)
             if header is None or not set(COLUMNS) <= {column.strip() for column in header}:
                 raise TraceFormatError(
@@ -103,22 +103,18 @@ def read_rows(path: Path) -> Iterator[AzureRow]:
                     )
                 previous_s = arrival_s
                 yield AzureRow(arrival_s, prompt_tokens, output_tokens)
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(name, _line_of(path, exc), "not UTF-8 text") from exc
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read workload: {exc.strerror or exc}") from exc
 
 
-def _line_of(path: Path, exc: UnicodeDecodeError) -> int:
-    """The line holding the first byte that is not UTF-8 (the decoder reads ahead in blocks,
-    so its own position is not the reader's line)."""
-    with path.open("rb") as file:
-        for number, line in enumerate(file, 1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError:
-                return number
-    return 0
+def _text_lines(file: BinaryIO, name: str) -> Iterator[str]:
+    """The file's lines decoded one at a time, as the JSONL readers read theirs
+    (``rows.iter_jsonl``): a byte that is not UTF-8 is an error naming its line."""
+    for number, line in enumerate(file, start=1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceFormatError(name, number, "not UTF-8 text") from None
 
 
 @dataclass(slots=True)
