@@ -16,22 +16,28 @@ class StopMatcher:
     """Stop strings over the text generated so far, as vLLM's detokenizer checks them: the
     text ends before the first match (after it with ``include_stop_str``). ``hold_chars`` is
     how much of the text's end a stream must hold back until the request ends (vLLM's
-    ``stop_buffer_length``): the start of a stop string that a later token completes."""
+    ``stop_buffer_length``): the start of a stop string that a later token completes.
 
-    __slots__ = ("_longest", "hold_chars", "include_stop_str", "matched", "stops", "text")
+    It keeps only a window of the text: what ``release`` has not handed out yet and the
+    last ``longest - 1`` characters a stop string could start in, so a long output costs
+    each token the window's length, not the whole text's (appending to one string that
+    grows with the output made a request's checks quadratic in its length)."""
+
+    __slots__ = ("_lookback", "_sent", "hold_chars", "include_stop_str", "matched", "stops", "text")
 
     def __init__(self, stops: tuple[str, ...], include_stop_str: bool = False) -> None:
         self.stops = stops
         self.include_stop_str = include_stop_str
-        self._longest = max(map(len, stops), default=0)
-        self.hold_chars = 0 if include_stop_str or not stops else self._longest - 1
+        self._lookback = max(max(map(len, stops), default=0) - 1, 0)
+        self.hold_chars = 0 if include_stop_str else self._lookback
         self.matched: str | None = None
-        self.text = ""
+        self.text = ""  # the window: the generated text's end
+        self._sent = 0  # how much of the window ``release`` has handed out
 
     def check(self, texts: list[str]) -> bool:
-        """Appends the new tokens' texts; True (and ``text`` cut at the match) when a stop
+        """Appends the new tokens' texts; True (and the text cut at the match) when a stop
         string has appeared."""
-        start = max(0, len(self.text) - self._longest + 1)
+        start = max(0, len(self.text) - self._lookback)
         self.text += "".join(texts)
         best: tuple[int, str] | None = None
         for s in self.stops:
@@ -45,6 +51,20 @@ class StopMatcher:
         self.matched = stop
         return True
 
+    def release(self, final: bool = False) -> str:
+        """The text not handed out yet, less the ``hold_chars`` a stop string could still
+        start in (all of it when ``final``: the request has ended)."""
+        upto = len(self.text) if final else len(self.text) - self.hold_chars
+        if upto <= self._sent:
+            return ""
+        out = self.text[self._sent : upto]
+        self._sent = upto
+        drop = min(upto, len(self.text) - self._lookback)
+        if drop > 0:  # nothing a match or a later release needs
+            self.text = self.text[drop:]
+            self._sent -= drop
+        return out
+
 
 class RequestStream:
     """Pushed by one engine task, taken by one handler (both on the event loop's thread).
@@ -56,7 +76,6 @@ class RequestStream:
 
     __slots__ = (
         "_metrics",
-        "_sent_chars",
         "_stop",
         "_waiter",
         "arrival_wall_s",
@@ -86,7 +105,6 @@ class RequestStream:
         self.stop_reason: str | None = None
         self.pending: list[str] = []
         self._stop: StopMatcher | None = None
-        self._sent_chars = 0
         self._waiter: asyncio.Future[None] | None = None
 
     @property
@@ -124,16 +142,9 @@ class RequestStream:
             self.stop_reason = stop.matched
             self.finish("stop")
             return
-        else:
-            self._release(len(stop.text) - stop.hold_chars)
+        elif out := stop.release():
+            self.pending.append(out)
         self._wake()
-
-    def _release(self, upto: int) -> None:
-        """Hands the stop matcher's text up to ``upto`` characters to the handler."""
-        assert self._stop is not None
-        if upto > self._sent_chars:
-            self.pending.append(self._stop.text[self._sent_chars : upto])
-            self._sent_chars = upto
 
     def finish(self, reason: str) -> None:
         """The engine is done with the request (once; later calls are ignored); the text held
@@ -141,8 +152,8 @@ class RequestStream:
         if self.finish_reason is not None:
             return
         self.finish_reason = reason
-        if self._stop is not None:
-            self._release(len(self._stop.text))
+        if self._stop is not None and (out := self._stop.release(final=True)):
+            self.pending.append(out)
         self._metrics.ended(reason, _WALL.now() - self.arrival_wall_s)
         self._wake()
 
