@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import openai
 import pytest
@@ -44,10 +45,10 @@ class LossySubscriber(KvEventSubscriber):
         self.lost: list[int] = []
         self._replaying = False
 
-    def _replay_from(self, first: int) -> None:
+    def _replay_from(self, first: int, on_answer: Callable[[], None] | None = None) -> bool:
         self._replaying = True
         try:
-            super()._replay_from(first)
+            return super()._replay_from(first, on_answer)
         finally:
             self._replaying = False
 

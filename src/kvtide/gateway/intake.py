@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,10 +93,10 @@ class EpochSubscriber(KvEventSubscriber):
 
     ingest: EpochIngest
 
-    def _replay_from(self, first: int) -> None:
+    def _replay_from(self, first: int, on_answer: Callable[[], None] | None = None) -> bool:
         self.ingest.replaying = True
         try:
-            super()._replay_from(first)
+            return super()._replay_from(first, on_answer)
         finally:
             self.ingest.replaying = False
 
@@ -106,6 +107,7 @@ class IntakeStats:
     epochs: int = 0
     resyncs: int = 0
     gaps: int = 0
+    bootstrap_failures: int = 0  # replays at (re)start unanswered or cut short, each retried
 
 
 _WAKE_IDS = itertools.count()
@@ -117,6 +119,9 @@ class EventIntake:
     request for an adapter is hashed in the adapter's namespace). ``executor``: the
     thread its polls run in; by default one of its own, so that polls that wait a second
     never queue behind other engines' (``close`` shuts it down)."""
+
+    RETRY_FIRST_S = 1.0
+    RETRY_MAX_S = 30.0
 
     def __init__(
         self,
@@ -161,6 +166,11 @@ class EventIntake:
         self.stats = IntakeStats()
         self.is_connected = False
         self._restart = True  # bootstrap from the replay socket on the first poll
+        # a bootstrap whose replay went unanswered (an engine still binding its replay
+        # socket, a slow one) is tried again, 1 s later, then 2, 4 ... up to 30 s apart
+        self._retry_at: float | None = None
+        self._retry_s = self.RETRY_FIRST_S
+        self._bootstrap_failures = 0  # counted in the worker, copied to stats on the loop
         self._closed = False
         # the loop's way to end a poll early: PAIR sockets, the receiver used in the worker
         # only, the sender on the loop until the run ends, then by ``close``
@@ -193,24 +203,38 @@ class EventIntake:
 
     def _poll(self) -> tuple[int, list[Op]]:
         """In the worker thread: one poll (up to ``poll_s`` for the first batch, less when
-        woken); returns the batches received and staged ops."""
+        woken or a bootstrap is due again); returns the batches received and staged ops."""
         if self._closed:
             return 0, []
         if not self._restart:
-            ready = dict(self._poller.poll(int(self.poll_s * 1000)))
+            wait_s = self.poll_s
+            if self._retry_at is not None:
+                wait_s = max(0.0, min(wait_s, self._retry_at - time.monotonic()))
+            ready = dict(self._poller.poll(int(wait_s * 1000)))
             if self._wake_rx in ready:
                 while self._wake_rx.poll(0):
                     self._wake_rx.recv()
             if self._closed:
                 return 0, []
+            if self._retry_at is not None and time.monotonic() >= self._retry_at:
+                self._restart = True
         if self._restart:
             self._restart = False
-            self.subscriber.bootstrap(0)
-            if self.replay_endpoint is None:
-                self.ingest.rewind(self.replica)
+            self._bootstrap()
         got = self.subscriber.poll(0.0)
         ops, self._ops = self._ops, []
         return got, ops
+
+    def _bootstrap(self) -> None:
+        if self.replay_endpoint is None:
+            self.ingest.rewind(self.replica)
+            return
+        if self.subscriber.bootstrap(0):
+            self._retry_at, self._retry_s = None, self.RETRY_FIRST_S
+            return
+        self._bootstrap_failures += 1
+        self._retry_at = time.monotonic() + self._retry_s
+        self._retry_s = min(2 * self._retry_s, self.RETRY_MAX_S)
 
     def commit(self, ops: list[Op]) -> None:
         """On the loop: the staged operations, in one synchronous step."""
@@ -268,6 +292,7 @@ class EventIntake:
                 self.stats.epochs = self.ingest.num_epochs
                 self.stats.resyncs = self.ingest.counters.resyncs
                 self.stats.gaps = self.ingest.counters.gaps
+                self.stats.bootstrap_failures = self._bootstrap_failures
                 self.is_connected = True
         finally:
             self._closed = True

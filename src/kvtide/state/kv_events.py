@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import zmq
 
@@ -191,15 +191,20 @@ class KvEventSubscriber:
                 self._repair(gap)
         return got
 
-    def bootstrap(self, from_seq: int = 0) -> None:
+    def bootstrap(self, from_seq: int = 0) -> bool:
         """Asks the replay socket for every buffered batch from ``from_seq`` on (a subscriber
-        that joins late, or that lost the first messages to ZMQ's slow-joiner window)."""
+        that joins late, or that lost the first messages to ZMQ's slow-joiner window), and
+        starts the replica over from them. False when the replay went unanswered within
+        ``replay_timeout_s`` or stopped short: then what it knew of the replica is kept
+        unless an answer had begun, and the caller may ask again later."""
         if self._replay_endpoint is None:
-            return
-        self.ingest.rewind(self.replica)
-        self._replay_from(from_seq)
+            return True
+        # rewound at the first answer: a replay socket that is not there yet (an engine
+        # still starting) must not cost what the live stream has given meanwhile
+        done = self._replay_from(from_seq, on_answer=lambda: self.ingest.rewind(self.replica))
         if self.ingest.has_gap(self.replica):
             self.ingest.resync(self.replica, self._first_pending(None))
+        return done
 
     def _receive(self, seq_raw: bytes, payload: bytes) -> Gap | None:
         seq = seq_from_bytes(seq_raw)
@@ -223,7 +228,9 @@ class KvEventSubscriber:
         pending = self.ingest.pending_seqs(self.replica)
         return min(pending) if pending else (fallback or 0)
 
-    def _replay_from(self, first: int) -> None:
+    def _replay_from(self, first: int, on_answer: Callable[[], None] | None = None) -> bool:
+        """Replays the publisher's buffered batches from ``first`` on through ``_receive``;
+        ``on_answer`` runs before the first of them. False on a timeout."""
         if self._replay is None:
             assert self._replay_endpoint is not None
             self._replay = self._ctx.socket(zmq.DEALER)
@@ -238,13 +245,16 @@ class KvEventSubscriber:
                 self.num_replay_timeouts += 1
                 sock.close(linger=0)
                 self._replay = None
-                return
+                return False
             frames = sock.recv_multipart()
             if len(frames) != 4:
                 continue
+            if on_answer is not None:
+                on_answer()
+                on_answer = None
             _, _, seq_raw, payload = frames
             if seq_from_bytes(seq_raw) == END_SEQ:
-                return
+                return True
             self._receive(seq_raw, payload)
 
     def close(self) -> None:

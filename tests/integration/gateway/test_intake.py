@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 import zmq
 
 from kvtide.clock import EpochClock
@@ -194,3 +195,53 @@ def test_live_copies_of_replayed_batches_are_duplicates_not_a_restart() -> None:
     finally:
         sub.close()
         pub.close()
+
+
+def test_a_bootstrap_the_engine_does_not_answer_is_tried_again_and_costs_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An engine whose replay socket does not answer yet (still starting, busy): the intake
+    follows the live stream meanwhile, keeps what it gave through each unanswered retry,
+    and once the replay answers has what the engine published before the intake joined."""
+    monkeypatch.setattr(EventIntake, "RETRY_FIRST_S", 0.2)
+    pub_port, replay_port = _port(), _port()
+    endpoint, replay = f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{replay_port}"
+    before, live = np.arange(64, dtype=np.int64), np.arange(64, dtype=np.int64) + 700
+    hashed_before = hash_tokens(before, BT, _seed(None))
+    hashed_live = hash_tokens(live, BT, _seed(None))
+
+    async def scenario() -> None:
+        index = GlobalPrefixIndex()
+        pub = KvEventPublisher(endpoint, replay)  # its replay thread not started: no answer
+        pub.publish(EngineEventBatch(1.0, (_stored(before, None),)))  # nobody listening
+        intake = EventIntake(R, endpoint, replay, BT, _seed, index, poll_s=0.02)
+        intake.subscriber.replay_timeout_s = 0.2
+        task = asyncio.create_task(intake.run())
+        try:
+            await _until(lambda: intake.stats.bootstrap_failures >= 1)
+            while not intake.stats.batches:  # slow joiner: probe until the intake hears
+                pub.publish(EngineEventBatch(0.0, ()))
+                await asyncio.sleep(0.05)
+            pub.publish(EngineEventBatch(2.0, (_stored(live, None),)))
+            await _until(lambda: index.match(hashed_live).device_blocks(R) == 4)
+            failures = intake.stats.bootstrap_failures
+            await _until(lambda: intake.stats.bootstrap_failures > failures)
+            # an unanswered retry kept the live stream's blocks
+            assert index.match(hashed_live).device_blocks(R) == 4
+            assert index.match(hashed_before).device_blocks(R) == 0
+            pub.start_replay_thread()
+            await _until(lambda: index.match(hashed_before).device_blocks(R) == 4)
+            assert index.match(hashed_live).device_blocks(R) == 4
+            # answered: no more retries
+            failures = intake.stats.bootstrap_failures
+            replays = intake.subscriber.num_replays
+            await asyncio.sleep(1.0)
+            assert intake.stats.bootstrap_failures == failures
+            assert intake.subscriber.num_replays == replays
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            intake.close()
+            pub.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
