@@ -509,6 +509,19 @@ class Gateway:
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
             raise ApiError(FORBIDDEN, "admin key required")
 
+    def sees_detail(self, authorization: str | None) -> bool:
+        """Whether ``/ready`` may show this caller each replica (URLs, load, event streams):
+        anyone on a gateway without keys, only the admin key's holder where tenants or an
+        admin key are configured (a tenant's client has no business with the fleet's
+        layout; a readiness probe needs only the status)."""
+        if self._admin_key is None and self.config.api_keys is None:
+            return True
+        try:
+            self.check_admin(authorization)
+        except ApiError:
+            return False
+        return True
+
     def reload(self) -> None:
         """SIGHUP: re-reads the config file and the keys file; replicas added or removed, the
         routing policy replaced when ``policy`` changed; the access log's file reopened (a
@@ -566,12 +579,23 @@ class Gateway:
 
     # --- status ----------------------------------------------------------------------------
 
-    def ready(self) -> tuple[bool, dict[str, Any]]:
+    def ready(self, detail: bool = True) -> tuple[bool, dict[str, Any]]:
+        """Whether the gateway takes requests, and its status: with ``detail``, each
+        replica's and the state store's; without, counts only (``sees_detail``)."""
+        # full or in slow start, a replica is still routable; ready once it has answered
+        routable = sum([r.is_up and r.answered for r in self.replicas])
+        is_ready = routable > 0 and not self.draining
+        shared = self.shared
+        if not detail:
+            return is_ready, {
+                "ready": is_ready,
+                "draining": self.draining,
+                "replicas_routable": routable,
+                "replicas_total": len(self.replicas),
+                "state_ok": shared is None or not shared.degraded,
+            }
         replicas = []
-        routable = 0
         for r in self.replicas:
-            # full or in slow start, it is still routable; ready once it has answered
-            routable += r.is_up and r.answered
             intake = self.intakes.get(r.replica_id)
             replicas.append(
                 {
@@ -595,7 +619,6 @@ class Gateway:
                 }
             )
         state: dict[str, Any] = {"kind": "local", "ok": True}
-        shared = self.shared
         if shared is not None:
             state = {
                 "kind": "redis",
@@ -604,7 +627,6 @@ class Gateway:
                 "intakes_held": sorted(shared.owned),
                 "errors": shared.num_errors,
             }
-        is_ready = routable > 0 and not self.draining
         return is_ready, {
             "ready": is_ready,
             "draining": self.draining,

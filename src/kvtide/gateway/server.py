@@ -284,7 +284,8 @@ class GatewayApp:
         return await _json(send, 200, {"status": "ok"})
 
     async def _ready(self, scope: Scope, receive: Receive, send: Send) -> int:
-        ok, body = self.gateway.ready()
+        gateway = self.gateway
+        ok, body = gateway.ready(detail=gateway.sees_detail(_authorization(scope)))
         return await _json(send, 200 if ok else 503, body)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> int:

@@ -92,6 +92,49 @@ def test_an_engine_still_loading_keeps_the_gateway_live_but_not_ready() -> None:
             engine.stop()
 
 
+def test_with_keys_configured_ready_shows_the_fleet_to_the_admin_key_only(tmp_path: Path) -> None:
+    """Keys configured: a readiness probe, a tenant's key or a wrong key get the status and
+    counts, never the engines' URLs; the admin key gets each replica. Without keys anyone
+    sees it all (a local gateway)."""
+    bport, port = free_port(), free_port()
+    be = backend(bport)
+    keys = write_keys(tmp_path / "keys.yaml", {"alpha": KEYS["alpha"]})
+    engine = f"http://127.0.0.1:{bport}"
+    gw = gateway(port, "--replica", engine, "--api-keys", str(keys), "--admin-key", "adm")
+    url = f"http://127.0.0.1:{port}/ready"
+    try:
+        deadline = time.monotonic() + 20
+        while (got := _get(url))[0] != 200:
+            assert time.monotonic() < deadline, f"never ready: {got}"
+            time.sleep(0.1)
+        summary = {
+            "ready": True,
+            "draining": False,
+            "replicas_routable": 1,
+            "replicas_total": 1,
+            "state_ok": True,
+        }
+        for key in (None, KEYS["alpha"], "wrong"):
+            status, ready = _get(url, key)
+            assert (status, ready) == (200, summary), key
+        status, ready = _get(url, "adm")
+        assert status == 200 and [r["url"] for r in ready["replicas"]] == [engine]
+    finally:
+        gw.stop()
+    # no keys: the detail for anyone
+    port = free_port()
+    gw = gateway(port, "--replica", engine)
+    try:
+        deadline = time.monotonic() + 20
+        while (got := _get(f"http://127.0.0.1:{port}/ready"))[0] != 200:
+            assert time.monotonic() < deadline, f"never ready: {got}"
+            time.sleep(0.1)
+        assert [r["url"] for r in got[1]["replicas"]] == [engine]
+    finally:
+        gw.stop()
+        be.stop()
+
+
 def test_kill_9_of_an_engine_mid_run_leaves_no_request_hung() -> None:
     ports = [free_port(), free_port()]
     backs = [backend(p, "m", "--token-delay", "0.02", "--tokens", "25") for p in ports]

@@ -16,6 +16,8 @@ from engine_process import Engine
 from tests.integration.gateway.conftest import KEYS, SECRET, write_keys
 from tests.integration.gateway.procs import emulated_engines, free_port, gateway, openai_client
 
+ADMIN = "admin-key-for-ready"
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -44,6 +46,8 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, list[Engine]]]:
             str(keys),
             "--tenant-secret",
             SECRET,
+            "--admin-key",
+            ADMIN,  # /ready shows the replicas' detail to its holder only, keys configured
         )
         yield f"http://127.0.0.1:{port}", engines
     finally:
@@ -80,7 +84,8 @@ def test_event_fed_index_predicts_the_engines_hits_and_tenants_stay_apart(
     assert _chat(url, "alpha", "Where is parcel 1?") == 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the engine's KV events reach the gateway's index
-        with urllib.request.urlopen(f"{url}/ready", timeout=5) as resp:
+        req = urllib.request.Request(f"{url}/ready", headers={"Authorization": f"Bearer {ADMIN}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
             ready = json.load(resp)
         if sum(r["events"]["batches"] for r in ready["replicas"]) > 0:
             break
