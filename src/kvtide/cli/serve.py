@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from kvtide.clock import WallClock
 from kvtide.errors import ConfigError
@@ -43,8 +44,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="token ids of conversation prefixes kept for reuse (default 2000000)",
     )
     p.add_argument("--api-keys", help="YAML file of hashed API keys -> tenants")
-    p.add_argument("--admin-key", help="bearer key of the admin API (off without it)")
-    p.add_argument("--tenant-secret", help="secret the per-tenant cache salts derive from")
+    p.add_argument(
+        "--admin-key",
+        help="bearer key of the admin API (off without it; default $KVTIDE_ADMIN_KEY, which "
+        "keeps it out of the process list; a config file can hold its admin_key_sha256)",
+    )
+    p.add_argument(
+        "--tenant-secret",
+        help="secret the per-tenant cache salts derive from (default $KVTIDE_TENANT_SECRET)",
+    )
     p.add_argument(
         "--access-log",
         metavar="FILE",
@@ -72,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         "tokenizer": args.tokenizer,
         "prefix_cache_tokens": args.prefix_cache_tokens,
         "api_keys": args.api_keys,
-        "admin_key": args.admin_key,
-        "tenant_secret": args.tenant_secret,
+        # secrets from the environment where no flag gives them: a flag is in every
+        # process listing (ps, /proc/PID/cmdline), an environment only in the process's own
+        "admin_key": args.admin_key or os.environ.get("KVTIDE_ADMIN_KEY") or None,
+        "tenant_secret": args.tenant_secret or os.environ.get("KVTIDE_TENANT_SECRET") or None,
         "replicas": args.replica,
         "http_server": args.http_server,
         "access_log": args.access_log,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import itertools
 import logging
@@ -144,7 +145,7 @@ class Gateway:
                 )
         self.tenants = TenantTable(secret, config.limits, self.clock)
         self.tenants.load(config.api_keys)
-        self._admin_key = config.admin_key
+        self._admin_digest = _admin_digest(config)
         self._seeds: dict[tuple[str, str], int] = {}
         self._ids = itertools.count()
         # request ids unique across gateway replicas and restarts: a random prefix per process
@@ -502,11 +503,14 @@ class Gateway:
     # --- admin -----------------------------------------------------------------------------
 
     def check_admin(self, authorization: str | None) -> None:
-        key = self._admin_key
-        if key is None:
+        digest = self._admin_digest
+        if digest is None:
             raise ApiError(FORBIDDEN, "the admin API is off (start with --admin-key)")
-        given = authorization or ""
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        scheme, _, given = (authorization or "").partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(
+            hashlib.sha256(given.encode()).digest(), digest
+        )
+        if not ok:
             raise ApiError(FORBIDDEN, "admin key required")
 
     def sees_detail(self, authorization: str | None) -> bool:
@@ -514,7 +518,7 @@ class Gateway:
         anyone on a gateway without keys, only the admin key's holder where tenants or an
         admin key are configured (a tenant's client has no business with the fleet's
         layout; a readiness probe needs only the status)."""
-        if self._admin_key is None and self.config.api_keys is None:
+        if self._admin_digest is None and self.config.api_keys is None:
             return True
         try:
             self.check_admin(authorization)
@@ -560,7 +564,7 @@ class Gateway:
             for rid, spec in wanted.items():
                 if self.replicas.get(rid) is None:
                     self.add_replica(spec)
-        self._admin_key = new.admin_key
+        self._admin_digest = _admin_digest(new)
         self._apply_limits(new.limits)
         self.config = dataclasses.replace(self.config, api_keys=new.api_keys, limits=new.limits)
         log.warning("reloaded %s", path or "the keys file")
@@ -689,6 +693,16 @@ class Gateway:
                 await self.shared.close()
             if self.access_log is not None:
                 await self.access_log.close()  # the drained requests' lines too
+
+
+def _admin_digest(config: GatewayConfig) -> bytes | None:
+    """The admin key's SHA-256, from the key or as the config gives it (None: the admin API
+    is off). Only the digest is kept: a bearer token is hashed and compared with it."""
+    if config.admin_key is not None:
+        return hashlib.sha256(config.admin_key.encode()).digest()
+    if config.admin_key_sha256 is not None:
+        return bytes.fromhex(config.admin_key_sha256)
+    return None
 
 
 async def _retire(task: asyncio.Task[None], intake: EventIntake) -> None:

@@ -222,6 +222,9 @@ class GatewayConfig:
     tokenizer: str | None = None
     api_keys: str | None = None
     admin_key: str | None = None
+    admin_key_sha256: str | None = None
+    """The admin key's SHA-256 (hex) instead of the key itself, so that a config file holds
+    no secret (as the keys file holds tenants' keys)."""
     tenant_secret: str | None = None
     """Secret the per-tenant cache salts derive from; all gateway replicas need the same one.
     Default: a random secret per process (one gateway only)."""
@@ -258,11 +261,24 @@ class GatewayConfig:
             raise ConfigError(f"prefix_cache_tokens: must be >= 0, got {self.prefix_cache_tokens}")
         if self.state != "local" and not self.state.startswith(("redis://", "rediss://")):
             raise ConfigError(f"state: expected local or redis://..., got {self.state!r}")
+        if self.admin_key is not None and self.admin_key_sha256 is not None:
+            raise ConfigError("admin_key and admin_key_sha256: give one of them")
+        if self.admin_key == "":
+            raise ConfigError("admin_key: empty (leave it out to turn the admin API off)")
+        if self.admin_key_sha256 is not None and not _is_sha256_hex(self.admin_key_sha256):
+            raise ConfigError(
+                f"admin_key_sha256: expected 64 hex digits (sha256sum of the key), "
+                f"got {self.admin_key_sha256!r}"
+            )
         if self.http_server not in ("uvicorn", "granian"):
             raise ConfigError(f"http_server: expected uvicorn or granian, got {self.http_server!r}")
         ids = [r.replica_id for r in self.replicas]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"replicas: the same host:port twice in {ids}")
+
+
+def _is_sha256_hex(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 _SECTIONS: dict[str, type[Any]] = {"limits": Limits, "timeouts": Timeouts, "failover": Failover}
@@ -371,6 +387,8 @@ def read_yaml(path: str) -> dict[str, Any]:
 def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> GatewayConfig:
     """The file's settings, then ``overrides`` (flags given on the command line) on top."""
     raw: dict[str, Any] = read_yaml(path) if path else {}
+    if (overrides or {}).get("admin_key") is not None:
+        raw.pop("admin_key_sha256", None)  # a key given on top replaces the file's hash
     for key, value in (overrides or {}).items():
         if value is not None:
             raw[key] = value

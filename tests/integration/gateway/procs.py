@@ -49,11 +49,11 @@ def wait_http(
 
 
 class Proc:
-    def __init__(self, args: list[str], ready_url: str) -> None:
+    def __init__(self, args: list[str], ready_url: str, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.ready_url = ready_url
         self.proc = subprocess.Popen(
-            args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            args, env=_env() | (env or {}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         wait_http(ready_url, proc=self.proc)
 
@@ -121,9 +121,10 @@ def emulated_engines(n: int, *extra: str) -> list[Engine]:
     return out
 
 
-def gateway(port: int, *extra: str) -> Proc:
+def gateway(port: int, *extra: str, env: dict[str, str] | None = None) -> Proc:
+    """`kvtide serve` on ``port`` with ``extra`` flags (``env`` added to its environment)."""
     args = [sys.executable, "-m", "kvtide", "serve", "--port", str(port), *extra]
-    return Proc(args, f"http://127.0.0.1:{port}/health")
+    return Proc(args, f"http://127.0.0.1:{port}/health", env)
 
 
 @contextlib.contextmanager

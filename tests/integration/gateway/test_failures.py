@@ -4,6 +4,7 @@ of an engine mid-run, client disconnects, SIGTERM drain; the admin API; SIGHUP r
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import signal
 import time
@@ -132,6 +133,42 @@ def test_with_keys_configured_ready_shows_the_fleet_to_the_admin_key_only(tmp_pa
         assert [r["url"] for r in got[1]["replicas"]] == [engine]
     finally:
         gw.stop()
+        be.stop()
+
+
+def test_the_admin_key_from_the_environment_or_as_a_hash_stays_out_of_argv_and_files(
+    tmp_path: Path,
+) -> None:
+    """``KVTIDE_ADMIN_KEY`` keeps the key out of the process list; ``admin_key_sha256`` keeps
+    it out of the config file; either opens the admin API to the key and to nothing else."""
+    bport = free_port()
+    be = backend(bport)
+    replica = f"http://127.0.0.1:{bport}"
+    config = tmp_path / "gateway.yaml"
+    digest = hashlib.sha256(b"from-a-hash").hexdigest()
+    config.write_text(f"admin_key_sha256: {digest}\nreplicas: [{replica}]\n")
+    try:
+        port = free_port()
+        gw = gateway(port, "--replica", replica, env={"KVTIDE_ADMIN_KEY": "from-the-env"})
+        try:
+            assert b"from-the-env" not in Path(f"/proc/{gw.pid}/cmdline").read_bytes()
+            base = f"http://127.0.0.1:{port}/admin/replicas"
+            assert _get(base, "from-the-env")[0] == 200
+            assert _get(base, "from-the-enw")[0] == 403
+            assert _get(base)[0] == 403
+        finally:
+            gw.stop()
+        port = free_port()
+        gw = gateway(port, "--config", str(config))
+        try:
+            assert b"from-a-hash" not in config.read_bytes()
+            base = f"http://127.0.0.1:{port}/admin/replicas"
+            status, listed = _get(base, "from-a-hash")
+            assert status == 200 and [r["url"] for r in listed] == [replica]
+            assert _get(base, digest)[0] == 403  # the hash is not the key
+        finally:
+            gw.stop()
+    finally:
         be.stop()
 
 

@@ -184,3 +184,25 @@ def test_a_replica_mapping_keeps_the_model_its_url_names() -> None:
     raw = {"replicas": [{"url": "http://h:1=m", "events": "tcp://h:2"}]}
     (spec,) = gateway_config.from_mapping(raw).replicas
     assert spec == ReplicaSpec("http://h:1", "m", "tcp://h:2", None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ({"admin_key": "a", "admin_key_sha256": "0" * 64}, "admin_key and admin_key_sha256"),
+        ({"admin_key_sha256": "abc"}, "admin_key_sha256: expected 64 hex digits"),
+        ({"admin_key_sha256": "g" * 64}, "admin_key_sha256: expected 64 hex digits"),
+        ({"admin_key": ""}, "admin_key: empty"),
+    ],
+)
+def test_admin_key_settings_are_checked(raw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        gateway_config.from_mapping(raw)
+
+
+def test_an_admin_key_given_on_top_replaces_the_files_hash(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text(f"admin_key_sha256: {'ab' * 32}\n")
+    assert load_config(str(path)).admin_key_sha256 == "ab" * 32
+    config = load_config(str(path), {"admin_key": "flag"})
+    assert (config.admin_key, config.admin_key_sha256) == ("flag", None)
