@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from kvtide.cli._checks import TP, check_writable
 from kvtide.costs.specs import GPU_PRESETS, MODEL_PRESETS
 from kvtide.engine.scheduler import SCHEDULING_POLICIES
+from kvtide.errors import ConfigError
 from kvtide.quantities import flag, integer, real, tokens
 
 
@@ -120,6 +122,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--seed", type=flag(integer, minimum=0), default=0, metavar="N",
         help="where the emulated filler text starts (default 0)",
     )  # fmt: skip
+    p.add_argument(
+        "--api-key", action="append", metavar="KEY",
+        help="as vLLM's: /v1 wants one of these as its bearer token (repeatable; default "
+        "$VLLM_API_KEY)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -151,11 +158,21 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         seed=args.seed,
         records=args.records,
+        api_keys=_api_keys(args.api_key),
     )
     check_writable(args.records, "--records")
     _log_alerts()
     serve(config)
     return 0
+
+
+def _api_keys(given: list[str] | None) -> tuple[str, ...]:
+    """The flags' keys, else ``VLLM_API_KEY``'s (as vLLM reads it); an empty key is refused:
+    it would let any bearer token of nothing in."""
+    keys = given if given else [k for k in [os.environ.get("VLLM_API_KEY")] if k]
+    if any(not k for k in keys):
+        raise ConfigError("--api-key: empty")
+    return tuple(keys)
 
 
 def _log_alerts() -> None:

@@ -50,6 +50,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "keeps it out of the process list; a config file can hold its admin_key_sha256)",
     )
     p.add_argument(
+        "--engine-key",
+        help="the engines' key (vLLM's --api-key), sent to them as a bearer token (default "
+        "$KVTIDE_ENGINE_KEY)",
+    )
+    p.add_argument(
         "--tenant-secret",
         help="secret the per-tenant cache salts derive from (default $KVTIDE_TENANT_SECRET)",
     )
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         # process listing (ps, /proc/PID/cmdline), an environment only in the process's own
         "admin_key": args.admin_key or os.environ.get("KVTIDE_ADMIN_KEY") or None,
         "tenant_secret": args.tenant_secret or os.environ.get("KVTIDE_TENANT_SECRET") or None,
+        "engine_key": args.engine_key or os.environ.get("KVTIDE_ENGINE_KEY") or None,
         "replicas": args.replica,
         "http_server": args.http_server,
         "access_log": args.access_log,

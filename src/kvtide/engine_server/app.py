@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import itertools
 import logging
 import os
@@ -23,7 +25,13 @@ from typing import Any, Protocol
 import orjson
 
 from kvtide.asgi import ApiError, Disconnected, Receive, Scope, Send, read_body, respond
-from kvtide.asgi.messages import BadContentLength, BodyTimeout, BodyTooLarge, send_chunk
+from kvtide.asgi.messages import (
+    BadContentLength,
+    BodyTimeout,
+    BodyTooLarge,
+    header,
+    send_chunk,
+)
 from kvtide.clock import epoch_s
 from kvtide.engine_server.api_errors import (
     INTERNAL,
@@ -54,6 +62,7 @@ from kvtide.text.chat_request import ChatRequest
 log = logging.getLogger("kvtide.engine_server")
 
 JSON = [(b"content-type", b"application/json")]
+GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # vLLM's paths behind --api-key
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 DONE = b"data: [DONE]\n\n"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -100,6 +109,9 @@ class ApiLimits:
     priority_scheduling: bool = False
     """``--scheduling-policy priority``: a request's ``priority`` orders the waiting queue
     (otherwise a nonzero one is refused, as vLLM refuses it)."""
+    api_keys: tuple[str, ...] = ()
+    """vLLM's ``--api-key``: a request under ``/v1`` without one of them as its bearer token
+    gets vLLM's 401 (``/health``, ``/metrics`` and ``/tokenize`` stay open, as vLLM's)."""
 
 
 class EngineApp:
@@ -119,6 +131,7 @@ class EngineApp:
         self._id_prefix = os.urandom(4).hex()
         self._created = epoch_s()
         self._model_json = orjson.dumps(limits.served_model_name)
+        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in limits.api_keys]
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
@@ -137,6 +150,10 @@ class EngineApp:
             return
         if kind != "http":
             return
+        if self._key_digests and scope["path"].startswith(GUARDED) and not self._authorized(scope):
+            # vLLM's AuthenticationMiddleware: this body, not an OpenAI error object
+            await respond(send, 401, b'{"error":"Unauthorized"}', JSON)
+            return
         handler = self._routes.get((scope["method"], scope["path"]))
         try:
             if handler is None:
@@ -153,6 +170,18 @@ class EngineApp:
             with contextlib.suppress(Exception):  # the response had started, or no client
                 err = ApiError(INTERNAL, "internal server error")
                 await respond(send, 500, err.body(), JSON)
+
+    def _authorized(self, scope: Scope) -> bool:
+        """A bearer token among ``api_keys``, compared by digest in constant time (every key
+        compared, as vLLM does)."""
+        scheme, _, token = (header(scope, b"authorization") or b"").partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        digest = hashlib.sha256(token).digest()
+        found = False
+        for key in self._key_digests:
+            found |= hmac.compare_digest(digest, key)
+        return found
 
     # --- lifespan -------------------------------------------------------------------------
 

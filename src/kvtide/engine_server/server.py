@@ -71,6 +71,8 @@ class ServerConfig:
     seed: int = 0
     records: Path | None = None
     """Each finished request's ``RequestRecord`` (engine clock) as a JSON line, emulated only."""
+    api_keys: tuple[str, ...] = ()
+    """vLLM's ``--api-key`` (``VLLM_API_KEY``): ``/v1`` wants one of them as a bearer token."""
 
     @property
     def name(self) -> str:
@@ -154,6 +156,7 @@ def _limits(config: ServerConfig, max_model_len: int) -> ApiLimits:
         max_body_bytes=config.max_body_bytes,
         max_waiting=config.max_waiting,
         priority_scheduling=config.scheduling_policy == "priority",
+        api_keys=config.api_keys,
     )
 
 

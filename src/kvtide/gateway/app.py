@@ -565,8 +565,12 @@ class Gateway:
                 if self.replicas.get(rid) is None:
                     self.add_replica(spec)
         self._admin_digest = _admin_digest(new)
+        if self.pool is not None:
+            self.pool.headers = _engine_headers(new)
         self._apply_limits(new.limits)
-        self.config = dataclasses.replace(self.config, api_keys=new.api_keys, limits=new.limits)
+        self.config = dataclasses.replace(
+            self.config, api_keys=new.api_keys, engine_key=new.engine_key, limits=new.limits
+        )
         log.warning("reloaded %s", path or "the keys file")
 
     def _apply_limits(self, limits: Limits) -> None:
@@ -645,7 +649,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
         t = self.config.timeouts
-        self.pool = pool = UpstreamPool(t.connect_s, t.read_s)
+        self.pool = pool = UpstreamPool(t.connect_s, t.read_s, headers=_engine_headers(self.config))
         self.proxy = Proxy(
             self.replicas,
             self.router,
@@ -693,6 +697,12 @@ class Gateway:
                 await self.shared.close()
             if self.access_log is not None:
                 await self.access_log.close()  # the drained requests' lines too
+
+
+def _engine_headers(config: GatewayConfig) -> bytes:
+    """The header line every call to an engine carries: its key, where it wants one."""
+    key = config.engine_key
+    return b"" if key is None else b"Authorization: Bearer %s\r\n" % key.encode()
 
 
 def _admin_digest(config: GatewayConfig) -> bytes | None:

@@ -225,6 +225,9 @@ class GatewayConfig:
     admin_key_sha256: str | None = None
     """The admin key's SHA-256 (hex) instead of the key itself, so that a config file holds
     no secret (as the keys file holds tenants' keys)."""
+    engine_key: str | None = None
+    """The key the engines want (vLLM's ``--api-key``), sent to them as a bearer token on
+    every call: requests, health checks, model discovery, scrapes."""
     tenant_secret: str | None = None
     """Secret the per-tenant cache salts derive from; all gateway replicas need the same one.
     Default: a random secret per process (one gateway only)."""
@@ -263,6 +266,9 @@ class GatewayConfig:
             raise ConfigError(f"state: expected local or redis://..., got {self.state!r}")
         if self.admin_key is not None and self.admin_key_sha256 is not None:
             raise ConfigError("admin_key and admin_key_sha256: give one of them")
+        key = self.engine_key
+        if key is not None and not (key and key.isascii() and key.isprintable()):
+            raise ConfigError("engine_key: expected printable ASCII (a bearer token)")
         if self.admin_key == "":
             raise ConfigError("admin_key: empty (leave it out to turn the admin API off)")
         if self.admin_key_sha256 is not None and not _is_sha256_hex(self.admin_key_sha256):

@@ -94,6 +94,7 @@ class HealthChecker:
         self.on_up = on_up
         self.on_scraped = on_scraped
         """Receives each /metrics body read (the telemetry's engine counters)."""
+        self._refused: set[str] = set()  # replicas whose last discovery got a 401
         self.on_models: Callable[[Replica], None] | None = None
         """Told after each /v1/models read (the gateway starts an intake waiting for it)."""
 
@@ -102,9 +103,20 @@ class HealthChecker:
 
     async def discover(self, replica: Replica) -> bool:
         """Reads the replica's models; False when it does not answer."""
-        body = await self._get(replica.url, "/v1/models")
-        if body is None:
+        got = await self.pool.get_status(replica.url, "/v1/models", self.timeout_s)
+        if got is None:
             return False
+        status, body = got
+        if status == 401 and replica.replica_id not in self._refused:
+            self._refused.add(replica.replica_id)  # said once: the checks repeat every 2 s
+            log.warning(
+                "replica %s refuses the gateway's key (401 on /v1/models): give the gateway "
+                "its --api-key as --engine-key (KVTIDE_ENGINE_KEY)",
+                replica.replica_id,
+            )
+        if status != 200:
+            return False
+        self._refused.discard(replica.replica_id)
         try:
             data = orjson.loads(body).get("data", [])
             listed = [m for m in data if isinstance(m, dict) and "id" in m]
@@ -126,15 +138,20 @@ class HealthChecker:
         ok = await self._get(replica.url, "/health") is not None
         now = self.now_s()
         if ok:
-            if replica.is_down and now >= replica.ejected_until_s:
-                if await self.discover(replica):
+            refused = replica.replica_id in self._refused
+            if replica.is_down:
+                if now >= replica.ejected_until_s and await self.discover(replica):
                     replica.readmit()
                     self.on_up(replica)
-            elif not replica.models:
-                await self.discover(replica)
-            if not replica.is_down:
-                replica.health_passed()
-            return
+            elif not replica.models or refused:
+                # its models unknown, or it refused the gateway's key: a replica refusing
+                # the key answers /health (outside vLLM's /v1) but serves nothing, so the
+                # check fails until a discovery goes through (the key fixed, a SIGHUP)
+                ok = await self.discover(replica) or replica.replica_id not in self._refused
+            if ok:
+                if not replica.is_down:
+                    replica.health_passed()
+                return
         was_down = replica.is_down
         if not was_down:
             replica.health_failed(now)

@@ -236,7 +236,10 @@ class Proxy:
                 raise _Failed("timeout", exc) from exc
             except (OSError, ValueError) as exc:
                 raise _Failed("connect", exc) from exc
-            if resp.status >= 500:
+            if resp.status >= 500 or resp.status == 401:
+                # a 401 is the engine refusing the gateway's key (``engine_key``), which the
+                # gateway has already checked the client's against: an engine failure, not
+                # the client's
                 text = await _read_error(resp)
                 raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
             got = resp.headers

@@ -223,10 +223,14 @@ class Response:
 class UpstreamPool:
     """Keep-alive connections per ``host:port``, reused most recent first."""
 
-    def __init__(self, connect_s: float, read_s: float, idle_s: float = 60.0) -> None:
+    def __init__(
+        self, connect_s: float, read_s: float, idle_s: float = 60.0, headers: bytes = b""
+    ) -> None:
         self.connect_s = connect_s
         self.read_s = read_s
         self.idle_s = idle_s
+        self.headers = headers
+        """Header lines (each ending in CRLF) sent with every request: the engines' key."""
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._origins: dict[str, tuple[tuple[str, int], bytes]] = {}
         self._closed = False
@@ -281,7 +285,13 @@ class UpstreamPool:
         pool's); ``OSError`` (``UpstreamClosed`` among them) or ``TimeoutError`` on failure.
         ``headers``: more header lines, each ending in CRLF."""
         key, host = self._origin(base_url)
-        head = b"%s %s HTTP/1.1\r\nHost: %s\r\n%s" % (method, path.encode(), host, headers)
+        head = b"%s %s HTTP/1.1\r\nHost: %s\r\n%s%s" % (
+            method,
+            path.encode(),
+            host,
+            self.headers,
+            headers,
+        )
         if body or method == b"POST":
             head += b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type, len(body))
         data = head + b"\r\n" + body
@@ -313,11 +323,18 @@ class UpstreamPool:
 
     async def get(self, base_url: str, path: str, timeout_s: float) -> bytes | None:
         """A small GET's body when it answers 200 within ``timeout_s``, else None."""
+        got = await self.get_status(base_url, path, timeout_s)
+        return got[1] if got is not None and got[0] == 200 else None
+
+    async def get_status(
+        self, base_url: str, path: str, timeout_s: float
+    ) -> tuple[int, bytes] | None:
+        """A small GET's status and body within ``timeout_s``, else None."""
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await self.request(b"GET", base_url, path, read_s=timeout_s)
                 try:
-                    return await resp.read() if resp.status == 200 else None
+                    return resp.status, await resp.read()
                 finally:
                     resp.close()
         except (OSError, TimeoutError, ValueError):
