@@ -6,6 +6,8 @@ own key the gateway has accepted."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +21,8 @@ from tests.integration.gateway.procs import free_port, gateway, openai_client
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 KEY = "engine-secret"
+PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
+PEER_SCRIPT = Path(__file__).parents[1] / "peer_auth_middleware.py"
 
 
 def _get(url: str, authorization: str | None = None) -> tuple[int, dict]:
@@ -86,3 +90,40 @@ def test_the_gateway_carries_its_engine_key_and_a_missing_one_is_an_engine_failu
             assert "Unauthorized" not in str(failed.value.body)
         finally:
             gw.stop()
+
+
+def test_the_engine_refuses_what_vllms_own_middleware_refuses() -> None:
+    """Differential: every (path, Authorization) case through vLLM 0.33's
+    ``AuthenticationMiddleware`` (the peer-libraries venv) and through ``kvtide engine
+    --api-key``: the same ones refused, with the same status and body."""
+    if not PEER_PYTHON.exists():
+        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
+    paths = ["/v1/models", "/v1/nothing", "/v1", "/v1x", "/v2/models", "/inference/x",
+             "/cohere/x", "/health", "/metrics", "/nothing", "/V1/models"]  # fmt: skip
+    headers = [None, f"Bearer {KEY}", f"bearer {KEY}", f"BEARER {KEY}", "Bearer wrong",
+               f"Basic {KEY}", KEY, f"Bearer {KEY}x", "Bearer", f"Bearer  {KEY}"]  # fmt: skip
+    cases = [["GET", path, h] for path in paths for h in headers]
+    proc = subprocess.run(
+        [str(PEER_PYTHON), str(PEER_SCRIPT)],
+        input=json.dumps({"key": KEY, "cases": cases}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode == 3:
+        pytest.skip(f"vLLM's middleware is not importable: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    vllm = json.loads(proc.stdout)
+    with running_engine("--served-model-name", "emu", "--speedup", "50", "--api-key", KEY) as e:
+        for (_, path, authorization), (status, body) in zip(cases, vllm, strict=True):
+            refused_by_vllm = (status, json.loads(body) if status == 401 else None)
+            got = _get(f"{e.url}{path}", authorization) if path != "/metrics" else None
+            if got is None:  # Prometheus text, not JSON: its status alone
+                req = urllib.request.Request(
+                    f"{e.url}{path}",
+                    headers={"Authorization": authorization} if authorization else {},
+                )
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    got = (resp.status, None)
+            ours = (401, got[1]) if got[0] == 401 else (200, None)
+            assert ours == refused_by_vllm, (path, authorization, got)
