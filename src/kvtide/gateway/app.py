@@ -327,6 +327,9 @@ class Gateway:
             after_commit=self.shared.write if self.shared is not None else None,
             health=self.router.health,
             on_batches=self.metrics.child(self.metrics.kv_events, replica.replica_id).inc,
+            on_bootstrap_failures=self.metrics.child(
+                self.metrics.kv_event_bootstrap_failures, replica.replica_id
+            ).inc,
         )
         self.intakes[replica.replica_id] = intake
         task = self.task_group.create_task(self._run_intake(intake))

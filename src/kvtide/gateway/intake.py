@@ -136,10 +136,13 @@ class EventIntake:
         after_commit: Callable[[ReplicaId, list[Op]], Awaitable[None]] | None = None,
         health: IndexHealth | None = None,
         on_batches: Callable[[int], None] | None = None,
+        on_bootstrap_failures: Callable[[int], None] | None = None,
     ) -> None:
         self.replica = replica
         self.on_batches = on_batches
         """Told how many batches each poll received (the gateway's counter)."""
+        self.on_bootstrap_failures = on_bootstrap_failures
+        """Told how many bootstrap replays failed since the last poll (the gateway's counter)."""
         self.health = health
         self.index = index
         self._own_executor = executor is None
@@ -292,7 +295,10 @@ class EventIntake:
                 self.stats.epochs = self.ingest.num_epochs
                 self.stats.resyncs = self.ingest.counters.resyncs
                 self.stats.gaps = self.ingest.counters.gaps
-                self.stats.bootstrap_failures = self._bootstrap_failures
+                failed = self._bootstrap_failures - self.stats.bootstrap_failures
+                if failed and self.on_bootstrap_failures is not None:
+                    self.on_bootstrap_failures(failed)
+                self.stats.bootstrap_failures += failed
                 self.is_connected = True
         finally:
             self._closed = True

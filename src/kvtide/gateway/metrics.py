@@ -119,6 +119,13 @@ class GatewayMetrics:
             ["replica"],
             registry=r,
         )
+        self.kv_event_bootstrap_failures = Counter(
+            "kvtide_gateway_kv_event_bootstrap_failures_total",
+            "Replays of an engine's event buffer at the intake's (re)start that went "
+            "unanswered or stopped short, each asked again later; by replica",
+            ["replica"],
+            registry=r,
+        )
         self.prefix_cache_tokens = Gauge(
             "kvtide_gateway_prefix_cache_tokens",
             "Token ids the conversation-prefix tokenization cache holds (its bound: "

@@ -172,6 +172,28 @@ def test_the_admin_key_from_the_environment_or_as_a_hash_stays_out_of_argv_and_f
         be.stop()
 
 
+def test_an_unanswered_event_replay_is_counted_in_the_metrics() -> None:
+    """An engine whose replay socket does not answer: the operator's counter says so (and
+    the intake keeps asking)."""
+    bport, port = free_port(), free_port()
+    be = backend(bport, "m")
+    events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    spec = f"http://127.0.0.1:{bport}=m,events={events},replay={replay}"
+    gw = gateway(port, "--replica", spec, "--tokenizer", "smollm2")
+    try:
+        name = "kvtide_gateway_kv_event_bootstrap_failures_total"
+        deadline, seen = time.monotonic() + 20, 0.0
+        while seen < 2:  # the first replay and its first retry, 1 s later
+            assert time.monotonic() < deadline, f"{name} stayed at {seen}"
+            time.sleep(0.2)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                lines = r.read().decode().splitlines()
+            seen = sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith(name + "{"))
+    finally:
+        gw.stop()
+        be.stop()
+
+
 def test_kill_9_of_an_engine_mid_run_leaves_no_request_hung() -> None:
     ports = [free_port(), free_port()]
     backs = [backend(p, "m", "--token-delay", "0.02", "--tokens", "25") for p in ports]

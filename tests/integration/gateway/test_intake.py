@@ -214,7 +214,10 @@ def test_a_bootstrap_the_engine_does_not_answer_is_tried_again_and_costs_nothing
         index = GlobalPrefixIndex()
         pub = KvEventPublisher(endpoint, replay)  # its replay thread not started: no answer
         pub.publish(EngineEventBatch(1.0, (_stored(before, None),)))  # nobody listening
-        intake = EventIntake(R, endpoint, replay, BT, _seed, index, poll_s=0.02)
+        counted: list[int] = []
+        intake = EventIntake(
+            R, endpoint, replay, BT, _seed, index, poll_s=0.02, on_bootstrap_failures=counted.append
+        )
         intake.subscriber.replay_timeout_s = 0.2
         task = asyncio.create_task(intake.run())
         try:
@@ -232,8 +235,9 @@ def test_a_bootstrap_the_engine_does_not_answer_is_tried_again_and_costs_nothing
             pub.start_replay_thread()
             await _until(lambda: index.match(hashed_before).device_blocks(R) == 4)
             assert index.match(hashed_live).device_blocks(R) == 4
-            # answered: no more retries
+            # answered: no more retries; the gateway's counter was told of each failure
             failures = intake.stats.bootstrap_failures
+            assert sum(counted) == failures
             replays = intake.subscriber.num_replays
             await asyncio.sleep(1.0)
             assert intake.stats.bootstrap_failures == failures
