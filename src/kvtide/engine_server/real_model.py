@@ -25,6 +25,7 @@ from kvtide.tensors.gguf_loader import load_gguf
 from kvtide.tensors.model import LlamaModel
 from kvtide.tensors.runner import PagedRunner, PrefillStats
 from kvtide.text import Tokenizer, find_smollm2_gguf
+from kvtide.text.detokenize import IncrementalDetokenizer
 
 if TYPE_CHECKING:
     from kvtide.engine_server.server import ServerConfig
@@ -183,25 +184,24 @@ class RealModelEngine:
         def prefilled(stats: PrefillStats) -> None:
             loop.call_soon_threadsafe(stream.first_token, stats.reused_tokens)
 
-        out: list[int] = []
-        text = ""
+        # special tokens (the EOS) count but are not shown, as vLLM's default
+        # skip_special_tokens; a piece ending mid-character waits for the rest
+        text = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        made = 0
         tokens = runner.stream(
             job.token_ids, job.max_tokens, eos_id=self.eos_id, on_prefill=prefilled
         )
         try:
             for token in tokens:
-                out.append(token)
-                # special tokens (the EOS) count but are not shown, as vLLM's default
-                # skip_special_tokens; a piece ending mid-character waits for the rest
-                full = self.tokenizer.decode(out, skip_special_tokens=True)
-                if not full.endswith("\ufffd"):
-                    piece, text = full[len(text) :], full
-                else:
-                    piece = ""
+                made += 1
+                piece = text.add(token)
+                last = token == self.eos_id or made >= job.max_tokens
+                if last:  # a character left incomplete goes out as decoding all would give it
+                    piece += text.rest()
                 loop.call_soon_threadsafe(stream.push, piece)
                 if token == self.eos_id:
                     return "stop"
-                if len(out) < job.max_tokens and self._is_aborted(job.request_id):
+                if not last and self._is_aborted(job.request_id):
                     return "abort"
         finally:
             tokens.close()  # releases the sequence's blocks if it ended early
