@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from kvtide.text import Tokenizer, load_tokenizer
 from kvtide.text.detokenize import IncrementalDetokenizer
+from kvtide.text.gguf_tokenizer import bytes_to_unicode
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +49,7 @@ def test_a_character_split_across_tokens_waits_for_its_last_byte(tok: Tokenizer)
 
 
 def _byte_token(tok: Tokenizer, byte: int) -> int:
-    """The id of the byte-level token standing for ``byte`` (GPT-2's byte-to-unicode map)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    mapped = {b: chr(b) for b in printable}
-    n = 0
-    for b in range(256):
-        if b not in mapped:
-            mapped[b] = chr(256 + n)
-            n += 1
-    found = tok.token_to_id(mapped[byte])
+    """The id of the byte-level token standing for ``byte``."""
+    found = tok.token_to_id(bytes_to_unicode()[byte])
     assert found is not None
     return found
