@@ -166,7 +166,7 @@ class AsgiServer:
             host=self.host,
             port=self.port,
             loop="none",
-            http="httptools",
+            http=_pipelined_protocol(),
             ws="none",
             lifespan="on",
             interface="asgi3",
@@ -215,6 +215,34 @@ class AsgiServer:
             self._cutting = True
             for task in list(self._in_flight):
                 task.cancel(DRAIN_CUT)
+
+
+def _pipelined_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol, telling every request of a connection that the client
+    has gone: uvicorn tells only the newest one, so a client that pipelined a second request
+    behind a first and then hung up left the first running to its end (and the engine
+    behind a gateway generating for no one)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Pipelined(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.open_cycles: list[Any] = []  # this connection's requests not answered yet
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            cycles = [c for c in self.open_cycles if not c.response_complete]
+            cycles.append(self.cycle)
+            self.open_cycles = cycles
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            for cycle in self.open_cycles:
+                if not cycle.response_complete:  # as uvicorn does for the newest
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+
+    return Pipelined
 
 
 class _Sent:
