@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from tests.unit.asgi.support import free_port, lifespan
 
 from kvtide.asgi import ApiError, AsgiServer, Status
 from kvtide.asgi.messages import Receive, Scope, Send
@@ -19,22 +20,13 @@ CUT = ApiError(Status(503, "unavailable", "shutting_down"), "going away")
 
 async def _app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
+        return await lifespan(receive, send)
     await receive()  # the (empty) body
     if scope["path"] == "/stream":
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
     await asyncio.Event().wait()  # never ends on its own
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _request(port: int, path: str, out: dict[str, bytes], started: threading.Event) -> None:
@@ -53,7 +45,7 @@ def _request(port: int, path: str, out: dict[str, bytes], started: threading.Eve
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("http", ["uvicorn", "granian"])
 def test_one_deadline_and_an_answer_for_every_request_cut(http: str) -> None:
-    port = _port()
+    port = free_port()
     out: dict[str, bytes] = {}
     stopping: list[float] = []
 

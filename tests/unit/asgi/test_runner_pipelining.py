@@ -5,31 +5,22 @@ the newest request of a connection; the runner's protocol tells them all."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
+from tests.unit.asgi.support import free_port, lifespan
 
 from kvtide.asgi import AsgiServer
 from kvtide.asgi.messages import Receive, Scope, Send
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(30)
 def test_a_pipelined_clients_hang_up_reaches_its_first_request() -> None:
-    port = _port()
+    port = free_port()
     gone: dict[str, asyncio.Event] = {}
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+            return await lifespan(receive, send)
         await receive()  # the (empty) body
         # a long answer in the making (an engine generating): until the client goes
         while (await receive())["type"] != "http.disconnect":
