@@ -89,10 +89,16 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# keys a shell may hold for the operator's own fleet: read by `kvtide engine` and `kvtide
+# serve` where no flag is given, they would lock this private loopback fleet's engines, or
+# send its gateway a key they do not want
+_FLEET_SECRETS = ("VLLM_API_KEY", "KVTIDE_ENGINE_KEY", "KVTIDE_ADMIN_KEY", "KVTIDE_TENANT_SECRET")
+
+
 def _child_env() -> dict[str, str]:
     # the children import the same kvtide as this process (a worktree's src/ wins)
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _FLEET_SECRETS}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     return env
 
