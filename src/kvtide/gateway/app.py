@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import hmac
 import itertools
 import logging
@@ -44,7 +43,7 @@ from kvtide.gateway.status import (
     ApiError,
 )
 from kvtide.gateway.telemetry import GatewayTelemetry
-from kvtide.gateway.tenants import Tenant, TenantTable
+from kvtide.gateway.tenants import Tenant, TenantTable, bearer_key, hash_key
 from kvtide.gateway.upstream import UpstreamPool
 from kvtide.gateway.usage import ask_usage
 from kvtide.routing import GlobalPrefixIndex, RouteDecision, RouteRequest, RoutingContext
@@ -145,7 +144,7 @@ class Gateway:
                 )
         self.tenants = TenantTable(secret, config.limits, self.clock)
         self.tenants.load(config.api_keys)
-        self._admin_digest = _admin_digest(config)
+        self._admin_hash = _admin_hash(config)
         self._seeds: dict[tuple[str, str], int] = {}
         self._ids = itertools.count()
         # request ids unique across gateway replicas and restarts: a random prefix per process
@@ -506,28 +505,24 @@ class Gateway:
     # --- admin -----------------------------------------------------------------------------
 
     def check_admin(self, authorization: str | None) -> None:
-        digest = self._admin_digest
-        if digest is None:
+        if self._admin_hash is None:
             raise ApiError(FORBIDDEN, "the admin API is off (start with --admin-key)")
-        scheme, _, given = (authorization or "").partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(
-            hashlib.sha256(given.encode()).digest(), digest
-        )
-        if not ok:
+        if not self._is_admin(authorization):
             raise ApiError(FORBIDDEN, "admin key required")
+
+    def _is_admin(self, authorization: str | None) -> bool:
+        """The header bears the admin key: its hash against the one kept, in constant time."""
+        key, kept = bearer_key(authorization), self._admin_hash
+        return key is not None and kept is not None and hmac.compare_digest(hash_key(key), kept)
 
     def sees_detail(self, authorization: str | None) -> bool:
         """Whether ``/ready`` may show this caller each replica (URLs, load, event streams):
         anyone on a gateway without keys, only the admin key's holder where tenants or an
         admin key are configured (a tenant's client has no business with the fleet's
         layout; a readiness probe needs only the status)."""
-        if self._admin_digest is None and self.config.api_keys is None:
+        if self._admin_hash is None and self.config.api_keys is None:
             return True
-        try:
-            self.check_admin(authorization)
-        except ApiError:
-            return False
-        return True
+        return self._is_admin(authorization)
 
     def reload(self) -> None:
         """SIGHUP: re-reads the config file and the keys file; replicas added or removed, the
@@ -567,7 +562,7 @@ class Gateway:
             for rid, spec in wanted.items():
                 if self.replicas.get(rid) is None:
                     self.add_replica(spec)
-        self._admin_digest = _admin_digest(new)
+        self._admin_hash = _admin_hash(new)
         if self.pool is not None:
             self.pool.headers = _engine_headers(new)
         self._apply_limits(new.limits)
@@ -708,13 +703,13 @@ def _engine_headers(config: GatewayConfig) -> bytes:
     return b"" if key is None else b"Authorization: Bearer %s\r\n" % key.encode()
 
 
-def _admin_digest(config: GatewayConfig) -> bytes | None:
-    """The admin key's SHA-256, from the key or as the config gives it (None: the admin API
-    is off). Only the digest is kept: a bearer token is hashed and compared with it."""
+def _admin_hash(config: GatewayConfig) -> str | None:
+    """The admin key's SHA-256 in hex, from the key or as the config gives it (None: the
+    admin API is off). Only the hash is kept, as the tenants' keys are (``hash_key``)."""
     if config.admin_key is not None:
-        return hashlib.sha256(config.admin_key.encode()).digest()
+        return hash_key(config.admin_key)
     if config.admin_key_sha256 is not None:
-        return bytes.fromhex(config.admin_key_sha256)
+        return config.admin_key_sha256.lower()
     return None
 
 

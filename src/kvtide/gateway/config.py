@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,7 +272,7 @@ class GatewayConfig:
             raise ConfigError("engine_key: expected printable ASCII (a bearer token)")
         if self.admin_key == "":
             raise ConfigError("admin_key: empty (leave it out to turn the admin API off)")
-        if self.admin_key_sha256 is not None and not _is_sha256_hex(self.admin_key_sha256):
+        if self.admin_key_sha256 is not None and not is_sha256_hex(self.admin_key_sha256):
             raise ConfigError(
                 f"admin_key_sha256: expected 64 hex digits (sha256sum of the key), "
                 f"got {self.admin_key_sha256!r}"
@@ -283,8 +284,13 @@ class GatewayConfig:
             raise ConfigError(f"replicas: the same host:port twice in {ids}")
 
 
-def _is_sha256_hex(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def is_sha256_hex(text: str) -> bool:
+    """A SHA-256 digest in hex, as ``sha256sum`` prints it (the keys file's and the admin
+    key's form at rest)."""
+    return _HEX64.fullmatch(text) is not None
 
 
 _SECTIONS: dict[str, type[Any]] = {"limits": Limits, "timeouts": Timeouts, "failover": Failover}

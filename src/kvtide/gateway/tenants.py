@@ -24,21 +24,26 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvtide.clock import Clock
 from kvtide.errors import ConfigError
-from kvtide.gateway.config import Limits, read_yaml
+from kvtide.gateway.config import Limits, is_sha256_hex, read_yaml
 from kvtide.gateway.status import RATE_LIMITED, UNAUTHORIZED, ApiError
 
 DEFAULT_TENANT = "default"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer KEY`` header (None: no such header)."""
+    if not authorization or not authorization.startswith("Bearer "):
+        return None
+    return authorization[7:].strip()
 
 
 @dataclass(slots=True)
@@ -159,7 +164,7 @@ class TenantTable:
         name, key_hash = entry.get("name"), str(entry.get("key_sha256", "")).lower()
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}.name: expected a non-empty string")
-        if not _HEX64.match(key_hash):
+        if not is_sha256_hex(key_hash):
             raise ConfigError(f"{where}.key_sha256: expected 64 hex digits (sha256 of the key)")
         conc = entry.get("max_concurrency", self.limits.max_concurrency)
         tpm = entry.get("tokens_per_minute", self.limits.tokens_per_minute)
@@ -171,9 +176,10 @@ class TenantTable:
         """The tenant of an ``Authorization: Bearer KEY`` header."""
         if not self.requires_key:
             return self.default
-        if not authorization or not authorization.startswith("Bearer "):
+        key = bearer_key(authorization)
+        if key is None:
             raise ApiError(UNAUTHORIZED, "missing API key (Authorization: Bearer KEY)")
-        tenant = self.by_key_hash.get(hash_key(authorization[7:].strip()))
+        tenant = self.by_key_hash.get(hash_key(key))
         if tenant is None:
             raise ApiError(UNAUTHORIZED, "invalid API key")
         return tenant
