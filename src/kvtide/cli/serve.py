@@ -85,11 +85,9 @@ def run(args: argparse.Namespace) -> int:
         "tokenizer": args.tokenizer,
         "prefix_cache_tokens": args.prefix_cache_tokens,
         "api_keys": args.api_keys,
-        # secrets from the environment where no flag gives them: a flag is in every
-        # process listing (ps, /proc/PID/cmdline), an environment only in the process's own
-        "admin_key": args.admin_key or os.environ.get("KVTIDE_ADMIN_KEY") or None,
-        "tenant_secret": args.tenant_secret or os.environ.get("KVTIDE_TENANT_SECRET") or None,
-        "engine_key": args.engine_key or os.environ.get("KVTIDE_ENGINE_KEY") or None,
+        "admin_key": _secret(args.admin_key, "KVTIDE_ADMIN_KEY"),
+        "tenant_secret": _secret(args.tenant_secret, "KVTIDE_TENANT_SECRET"),
+        "engine_key": _secret(args.engine_key, "KVTIDE_ENGINE_KEY"),
         "replicas": args.replica,
         "http_server": args.http_server,
         "access_log": args.access_log,
@@ -103,6 +101,13 @@ def run(args: argparse.Namespace) -> int:
     build_policy(config.policy, ctx)
     serve(config)
     return 0
+
+
+def _secret(flag: str | None, env: str) -> str | None:
+    """A secret from its flag, else from the environment variable ``env`` (unset or empty:
+    none): a flag is in every process listing (ps, /proc/PID/cmdline), an environment only
+    in the process's own."""
+    return flag or os.environ.get(env) or None
 
 
 def _log_alerts() -> None:

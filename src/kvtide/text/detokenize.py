@@ -31,23 +31,22 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str:
         """The text ``token_id`` adds (empty while a character waits for its next bytes, or
         for a special token that is skipped)."""
-        ids = self._ids
-        ids.append(token_id)
-        decode = self.tokenizer.decode
-        skip = self.skip_special_tokens
-        before = decode(ids[self._prefix_offset : self._read_offset], skip)
-        now = decode(ids[self._prefix_offset :], skip)
+        self._ids.append(token_id)
+        before, now = self._window()
         if len(now) <= len(before) or now.endswith(_INCOMPLETE):
             return ""
-        self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         return now[len(before) :]
 
     def rest(self) -> str:
         """At the end: what is still held back (a character whose bytes never completed,
         decoded as U+FFFD, as decoding the whole sequence gives it)."""
-        decode = self.tokenizer.decode
-        skip = self.skip_special_tokens
-        before = decode(self._ids[self._prefix_offset : self._read_offset], skip)
-        now = decode(self._ids[self._prefix_offset :], skip)
+        before, now = self._window()
         self._prefix_offset = self._read_offset = len(self._ids)
         return now[len(before) :]
+
+    def _window(self) -> tuple[str, str]:
+        """The window's text as handed out so far, and with every id received."""
+        ids, start, skip = self._ids, self._prefix_offset, self.skip_special_tokens
+        decode = self.tokenizer.decode
+        return decode(ids[start : self._read_offset], skip), decode(ids[start:], skip)
