@@ -104,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _secret(flag: str | None, env: str) -> str | None:
-    """A secret from its flag, else from the environment variable ``env`` (unset or empty:
-    none): a flag is in every process listing (ps, /proc/PID/cmdline), an environment only
-    in the process's own."""
-    return flag or os.environ.get(env) or None
+    """A secret from its flag as given (an empty one is then refused by the config's
+    checks, not taken for none), else from the environment variable ``env`` (unset or
+    empty: none): a flag is in every process listing (ps, /proc/PID/cmdline), an
+    environment only in the process's own."""
+    return flag if flag is not None else os.environ.get(env) or None
 
 
 def _log_alerts() -> None:

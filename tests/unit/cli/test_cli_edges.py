@@ -89,3 +89,24 @@ def _children(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return []
+
+
+@pytest.mark.timeout(30)  # taken for none, the flag let the gateway start and serve
+@pytest.mark.parametrize(
+    ("flag", "key"),
+    [
+        ("--admin-key=", "admin_key"),
+        ("--engine-key=", "engine_key"),
+        ("--engine-key=a\nb", "engine_key"),
+    ],
+)
+def test_an_empty_or_broken_secret_flag_is_one_line(
+    flag: str, key: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty flag is refused as the config refuses the empty key, not taken for none (an
+    admin API quietly off, or the environment's key used in its place)."""
+    monkeypatch.setenv("KVTIDE_ADMIN_KEY", "from-the-env")
+    monkeypatch.setenv("KVTIDE_ENGINE_KEY", "from-the-env")
+    assert main(["serve", "--replica", "http://127.0.0.1:9", flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and key in err and "Traceback" not in err
