@@ -26,8 +26,14 @@ from kvtide.cli import main
 def test_bad_flag_is_one_line_and_exit_2(
     argv: list[str], names: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # on a free port (an argv's own --port comes after and wins): the engine binds its port
+    # before it reads its model, and a default 8000 held by anything else on the machine
+    # answered every such case with the port's error instead
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = str(probe.getsockname()[1])
     try:
-        code = main(["engine", *argv])
+        code = main(["engine", "--port", free, *argv])
     except SystemExit as exc:  # argparse's own exit
         code = int(exc.code or 0)
     err = capsys.readouterr().err.strip()
