@@ -56,6 +56,25 @@ from kvtide.types import BlockHash, ReplicaId, Tier
 
 log = logging.getLogger("kvtide.gateway")
 
+POOLING_PATHS = (
+    "/v1/embeddings",
+    "/v2/embed",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+)
+"""vLLM's pooling endpoints: the engine runs each request's prompt (a prefill, no decode),
+under the tenant's cache salt as a completion's."""
+TOKENIZER_PATHS = ("/tokenize", "/detokenize")
+"""vLLM's tokenizer endpoints: answered by the engine's API server, no engine work."""
+PASSED_THROUGH = {path: path.rsplit("/", 1)[1] for path in (*POOLING_PATHS, *TOKENIZER_PATHS)}
+"""The requests prefix routing has no part in, by path, and their access-log endpoint:
+passed to the least loaded replica serving their model (``Gateway.pass_through``)."""
+
 SHADOW_CAPACITY_BLOCKS = 65_536
 """Text mode: blocks each replica's shadow cache holds (an engine's KV is unknown here)."""
 SHADOW_TTL_S = 600.0
@@ -410,17 +429,7 @@ class Gateway:
     ) -> int:
         """Answers one completion (``raw``: its body) through ``send``; the HTTP status.
         ``exchange`` (from ``exchange()``) gets what happened to it."""
-        if self.draining:
-            raise ApiError(UNAVAILABLE, "the gateway is draining", retry_after_s=1.0)
-        tenant = self.tenants.authenticate(authorization)
-        exchange.tenant = tenant.name
-        body = json_object(raw)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise ApiError(BAD_REQUEST, "'model' must be a non-empty string", "model")
-        exchange.model = model
-        if not self.replicas.serves(model):
-            raise ApiError(MODEL_NOT_FOUND, f"model {model!r} is not served here", "model")
+        tenant, body, model = self._opened(authorization, raw, exchange, model_required=True)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(BAD_REQUEST, "'stream' must be a boolean", "stream")
@@ -442,6 +451,69 @@ class Gateway:
         finally:
             self.tenants.release(tenant)
             self._settle(tenant, charged, prompt.prompt_tokens, exchange, status)
+
+    async def pass_through(
+        self,
+        send: Send,
+        path: str,
+        authorization: str | None,
+        raw: bytes,
+        exchange: Exchange,
+    ) -> int:
+        """Answers one request of ``PASSED_THROUGH`` (``raw``: its body) through ``send``;
+        the HTTP status. The tenant's key, concurrency and tokens per minute hold as for a
+        completion (a pooling request is charged the prompt tokens its engine reports); a
+        client's ``cache_salt`` never reaches an engine, and a pooling request carries the
+        tenant's."""
+        tenant, body, model = self._opened(authorization, raw, exchange, model_required=False)
+        salt = tenant.salt if path in POOLING_PATHS else ""
+        if salt or "cache_salt" in body:
+            body.pop("cache_salt", None)
+            if salt:
+                body["cache_salt"] = salt
+            raw = orjson.dumps(body)
+        assert self.proxy is not None, "the app's lifespan has not started"
+        charged = self.tenants.admit(tenant, 0)
+        try:
+            return await self.proxy.pass_through(send, path, raw, model, exchange)
+        finally:
+            self.tenants.release(tenant)
+            prompt_tokens = exchange.engine_prompt_tokens or 0
+            self.tenants.settle(tenant, charged, prompt_tokens)
+            if prompt_tokens:
+                self._count_usage(tenant.name, prompt_tokens, 0, None)
+
+    def _opened(
+        self, authorization: str | None, raw: bytes, exchange: Exchange, model_required: bool
+    ) -> tuple[Tenant, dict[str, Any], str]:
+        """A request's tenant, body and model, checked in the order its client is told what
+        is wrong: the gateway draining, the key, the body, the model."""
+        if self.draining:
+            raise ApiError(UNAVAILABLE, "the gateway is draining", retry_after_s=1.0)
+        tenant = self.tenants.authenticate(authorization)
+        exchange.tenant = tenant.name
+        body = json_object(raw)
+        exchange.model = self._model_of(body, model_required)
+        return tenant, body, exchange.model
+
+    def _model_of(self, body: dict[str, Any], required: bool) -> str:
+        """The served model a request names; where it names none and need not (vLLM's
+        tokenizer and pooling requests), the one model the replicas serve."""
+        model = body.get("model")
+        if model is None and not required:
+            models = self.replicas.models()
+            if len(models) == 1:
+                return models[0]
+            raise ApiError(
+                BAD_REQUEST,
+                f"'model' is required: this gateway serves {len(models)} models",
+                "model",
+            )
+        if not isinstance(model, str) or not model:
+            raise ApiError(BAD_REQUEST, "'model' must be a non-empty string", "model")
+        if not self.replicas.serves(model):
+            raise ApiError(MODEL_NOT_FOUND, f"model {model!r} is not served here", "model")
+        return model
 
     def _settle(
         self,

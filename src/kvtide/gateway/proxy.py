@@ -17,7 +17,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -186,27 +186,106 @@ class Proxy:
                     PRIORITY_RETRY_S,
                 )
             except _Failed as failed:
-                exchange.failures.append(failed.kind)
                 last = failed
                 tried = replica.replica_id
-                self.metrics.upstream_errors.labels(replica.replica_id, failed.kind).inc()
-                log.warning(
-                    "request %s: engine %s failed (%s): %s",
-                    exchange.request_id,
-                    replica.replica_id,
-                    failed.kind,
-                    failed.error,
-                )
-                self._book_failure(replica)
-                if attempt == 0:
-                    self.metrics.retries.inc()
+                self._failed_attempt(replica, failed, exchange, attempt)
                 attempt += 1
-        if last is None:
-            raise NoHealthyReplica(f"no healthy replica serves model {model!r}")
-        # the client's message names no engine and quotes none of its words (the log does)
-        if last.kind == "timeout":
-            raise UpstreamTimeout("the engine timed out") from last.error
-        raise UpstreamUnavailable("the engine failed") from last.error
+        _give_up(last, model)
+
+    async def pass_through(
+        self, send: Send, path: str, payload: bytes, model: str, exchange: Exchange
+    ) -> int:
+        """Answers a request that prefix routing has no part in (vLLM's tokenizer and
+        pooling endpoints: ``/tokenize``, ``/v1/embeddings``, ``/rerank``...) through ``send``:
+        sent to the least loaded replica serving ``model``, under the same cap, timeouts
+        and failover as a completion (retried once elsewhere before its first byte), and
+        passed back whole (none of them streams); the HTTP status."""
+        tried = None
+        last: _Failed | None = None
+        for attempt in range(2):
+            await self.admission.wait(model, tried)
+            replica = self.replicas.least_loaded(model, tried)
+            if replica is None:
+                break
+            exchange.attempts += 1
+            exchange.replica = replica.replica_id
+            exchange.route = "least_loaded"
+            try:
+                status = await self._pass_once(send, replica, path, payload, exchange)
+                self.metrics.duration.observe(self.now_s() - exchange.arrival_s)
+                return status
+            except _Failed as failed:
+                last = failed
+                tried = replica.replica_id
+                self._failed_attempt(replica, failed, exchange, attempt)
+        _give_up(last, model)
+
+    async def _pass_once(
+        self, send: Send, replica: Replica, path: str, payload: bytes, exchange: Exchange
+    ) -> int:
+        replica.in_flight += 1
+        gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
+        gauge.inc()
+        resp: Response | None = None
+        try:
+            resp = await self._send(replica, path, payload, exchange)
+            try:
+                body = await resp.read()
+            except (TimeoutError, OSError) as exc:
+                raise _Failed("read", exc) from exc
+            replica.succeeded()
+            if resp.status == 200:
+                _usage(exchange, body)  # a pooling answer's prompt tokens, for the tenant
+            self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
+            await respond(send, resp.status, body, _answer_headers(resp, exchange))
+            return resp.status
+        finally:
+            replica.in_flight -= 1
+            gauge.dec()
+            self.admission.release()
+            if resp is not None:
+                resp.close()
+
+    async def _send(
+        self, replica: Replica, path: str, payload: bytes, exchange: Exchange
+    ) -> Response:
+        """The engine's response head, or ``_Failed`` for a failure before it that another
+        replica may not have: no answer in time, no connection, a 5xx or a 401."""
+        try:
+            resp = await self.pool.request(
+                b"POST", replica.url, path, payload, headers=exchange.upstream_headers
+            )
+        except TimeoutError as exc:
+            raise _Failed("timeout", exc) from exc
+        except (OSError, ValueError) as exc:
+            raise _Failed("connect", exc) from exc
+        if resp.status >= 500 or resp.status == 401:
+            # a 401 is the engine refusing the gateway's key (``engine_key``), which the
+            # gateway has already checked the client's against: an engine failure, not
+            # the client's
+            try:
+                text = await _read_error(resp)
+            finally:
+                resp.close()
+            raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
+        return resp
+
+    def _failed_attempt(
+        self, replica: Replica, failed: _Failed, exchange: Exchange, attempt: int
+    ) -> None:
+        """Books an attempt that failed before its first byte (the next goes elsewhere)."""
+        exchange.failures.append(failed.kind)
+        self.metrics.upstream_errors.labels(replica.replica_id, failed.kind).inc()
+        log.warning(
+            "request %s: engine %s failed (%s): %s",
+            exchange.request_id,
+            replica.replica_id,
+            failed.kind,
+            failed.error,
+        )
+        self._book_failure(replica)
+        if attempt == 0:
+            self.metrics.retries.inc()
 
     async def _attempt(
         self,
@@ -228,23 +307,8 @@ class Proxy:
         if exchange.attempts == 1:
             self.metrics.overhead.observe(self.now_s() - exchange.arrival_s)
         try:
-            try:
-                resp = await self.pool.request(
-                    b"POST", replica.url, path, payload, headers=exchange.upstream_headers
-                )
-            except TimeoutError as exc:
-                raise _Failed("timeout", exc) from exc
-            except (OSError, ValueError) as exc:
-                raise _Failed("connect", exc) from exc
-            if resp.status >= 500 or resp.status == 401:
-                # a 401 is the engine refusing the gateway's key (``engine_key``), which the
-                # gateway has already checked the client's against: an engine failure, not
-                # the client's
-                text = await _read_error(resp)
-                raise _Failed(f"http_{resp.status}", RuntimeError(f"HTTP {resp.status}: {text}"))
-            got = resp.headers
-            headers = [(h, got[h]) for h in _PASSED_HEADERS if h in got]
-            headers.append((b"x-request-id", exchange.request_id_bytes))
+            resp = await self._send(replica, path, payload, exchange)
+            headers = _answer_headers(resp, exchange)
             if not stream or resp.status != 200:
                 try:
                     body = await resp.read()
@@ -387,6 +451,25 @@ class Proxy:
         """A failed attempt on ``replica``; its health gauge drops when that ejects it."""
         if replica.failed(self.now_s()):
             self.metrics.healthy.labels(replica.replica_id).set(0)
+
+
+def _give_up(last: _Failed | None, model: str) -> NoReturn:
+    """The error a request gets when no attempt went through: no replica at all, or the
+    last attempt's failure (the client's message names no engine and quotes none of its
+    words: the log does)."""
+    if last is None:
+        raise NoHealthyReplica(f"no healthy replica serves model {model!r}")
+    if last.kind == "timeout":
+        raise UpstreamTimeout("the engine timed out") from last.error
+    raise UpstreamUnavailable("the engine failed") from last.error
+
+
+def _answer_headers(resp: Response, exchange: Exchange) -> list[tuple[bytes, bytes]]:
+    """The engine's headers the client gets, and the request's id."""
+    got = resp.headers
+    headers = [(h, got[h]) for h in _PASSED_HEADERS if h in got]
+    headers.append((b"x-request-id", exchange.request_id_bytes))
+    return headers
 
 
 async def _read_error(resp: Response) -> str:

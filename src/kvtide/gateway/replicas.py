@@ -159,6 +159,7 @@ class ReplicaSet:
         """Requests in flight through this gateway per replica (``limits.
         max_in_flight_per_replica``); 0: no cap. A replica at the cap takes no more until
         one ends (``gateway.admission`` holds the rest)."""
+        self._turn = 0
 
     def __iter__(self) -> Iterator[Replica]:
         return iter(list(self.by_id.values()))
@@ -195,6 +196,17 @@ class ReplicaSet:
             and (not cap or r.in_flight < cap)
         ]
 
+    def least_loaded(self, model: str, exclude: ReplicaId | None = None) -> Replica | None:
+        """The candidate for ``model`` with the fewest requests in flight (this gateway's and,
+        as last scraped or shared, the others'), ties taken in turn; for the requests that
+        prefix routing has no part in (``Proxy.pass_through``)."""
+        cands = self.candidates(model, exclude)
+        if not cands:
+            return None
+        self._turn += 1
+        k = self._turn % len(cands)
+        return min(cands[k:] + cands[:k], key=_load)
+
     def serving(self, model: str, exclude: ReplicaId | None = None) -> bool:
         """Whether a replica serves ``model`` and is up (full or not)."""
         return any(
@@ -210,3 +222,7 @@ class ReplicaSet:
 
     def serves(self, model: str) -> bool:
         return any(model in r.models for r in self.by_id.values())
+
+
+def _load(replica: Replica) -> int:
+    return replica.in_flight + replica.others

@@ -1,10 +1,10 @@
 """The gateway's HTTP side: a raw ASGI app over a ``Gateway``, served by ``kvtide.asgi``.
 
-Routes: the OpenAI endpoints, ``/health``, ``/ready``, ``/metrics`` and the admin API. Every
-refusal is an OpenAI-style error body from one handler and one status table
-(``gateway.status``); the lifespan runs ``Gateway.lifespan`` (its ``TaskGroup`` owns the
-background loops). SIGTERM/SIGINT drain: new connections are refused at once, requests in
-flight get ``timeouts.drain_s``; SIGHUP reloads.
+Routes: the OpenAI endpoints, vLLM's tokenizer and pooling endpoints (passed through),
+``/health``, ``/ready``, ``/metrics`` and the admin API. Every refusal is an OpenAI-style
+error body from one handler and one status table (``gateway.status``); the lifespan runs
+``Gateway.lifespan`` (its ``TaskGroup`` owns the background loops). SIGTERM/SIGINT drain: new
+connections are refused at once, requests in flight get ``timeouts.drain_s``; SIGHUP reloads.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from kvtide.asgi.messages import (
 )
 from kvtide.errors import ConfigError, KvtideError
 from kvtide.gateway.access_log import Exchange
-from kvtide.gateway.app import Gateway, json_object
+from kvtide.gateway.app import PASSED_THROUGH, Gateway, json_object
 from kvtide.gateway.config import (
     REPLICA_OPTIONS,
     GatewayConfig,
@@ -66,6 +66,8 @@ ADMIN_REPLICAS = "/admin/replicas"
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[int]]
 """A route: answers through ``send``, returns the HTTP status (for the requests counter)."""
+Answer = Callable[[bytes, Exchange], Awaitable[int]]
+"""What answers a request the engines answer, given its body and its record; the status."""
 
 
 _REQUEST_ID = "kvtide.request_id"
@@ -107,6 +109,8 @@ class GatewayApp:
             ("GET", ADMIN_REPLICAS): self._list_replicas,
             ("POST", ADMIN_REPLICAS): self._add_replica,
         }
+        for path in PASSED_THROUGH:
+            self._routes["POST", path] = self._pass_through
         self._paths = {path for _, path in self._routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -215,14 +219,32 @@ class GatewayApp:
         self, scope: Scope, receive: Receive, send: Send, path: str, is_chat: bool
     ) -> int:
         gateway = self.gateway
-        exchange = gateway.exchange("chat" if is_chat else "completions", _client_id(scope))
+
+        def answer(raw: bytes, exchange: Exchange) -> Awaitable[int]:
+            return gateway.complete(send, path, is_chat, _authorization(scope), raw, exchange)
+
+        return await self._exchange(scope, receive, "chat" if is_chat else "completions", answer)
+
+    async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> int:
+        gateway, path = self.gateway, scope["path"]
+
+        def answer(raw: bytes, exchange: Exchange) -> Awaitable[int]:
+            return gateway.pass_through(send, path, _authorization(scope), raw, exchange)
+
+        return await self._exchange(scope, receive, PASSED_THROUGH[path], answer)
+
+    async def _exchange(self, scope: Scope, receive: Receive, endpoint: str, answer: Answer) -> int:
+        """A request the engines answer: given its id, answered by ``answer`` once its body
+        is in, logged (``--access-log``)."""
+        gateway = self.gateway
+        exchange = gateway.exchange(endpoint, _client_id(scope))
         scope[_REQUEST_ID] = exchange.request_id_bytes
         access_log = gateway.access_log
         if access_log is None:
-            return await self._answer(scope, receive, send, path, is_chat, exchange)
+            return await self._answer(scope, receive, answer, exchange)
         status, error = 500, None
         try:
-            status = await self._answer(scope, receive, send, path, is_chat, exchange)
+            status = await self._answer(scope, receive, answer, exchange)
         except Exception as exc:  # _http answers it; the log says what it answered
             err = as_api_error(exc)
             status, error = err.status.http, err.status.code
@@ -235,13 +257,7 @@ class GatewayApp:
         return status
 
     async def _answer(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        path: str,
-        is_chat: bool,
-        exchange: Exchange,
+        self, scope: Scope, receive: Receive, answer: Answer, exchange: Exchange
     ) -> int:
         raw = await self._body(scope, receive)
         # a client that goes away cancels this handler, which closes the upstream connection
@@ -258,9 +274,7 @@ class GatewayApp:
 
         watcher = watch_disconnect(receive, disconnected)
         try:
-            return await self.gateway.complete(
-                send, path, is_chat, _authorization(scope), raw, exchange
-            )
+            return await answer(raw, exchange)
         except asyncio.CancelledError:
             if not gone:
                 raise

@@ -2,7 +2,8 @@
 socket, run as its own process (so a test can kill -9 it).
 
 It answers /v1/models, /health, /metrics (vLLM's gauge names), /v1/completions and
-/v1/chat/completions (streamed or not), and reports ``prompt_tokens_details.cached_tokens`` as
+/v1/chat/completions (streamed or not), a pooling model's /v1/embeddings and /rerank, and
+/tokenize (a byte per token), and reports ``prompt_tokens_details.cached_tokens`` as
 vLLM would with prefix caching: the longest prefix, in whole 16-character blocks, shared with
 an earlier prompt under the same ``cache_salt``. Not a fake of an engine's timing: the
 emulated engine (``kvtide engine``) is that. Modes (``--mode``): ok, fail500 (every
@@ -20,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
+import struct
 import time
 
 from aiohttp import web
@@ -71,6 +75,12 @@ def prompt_text(body: dict) -> str:
         return "".join(f"{m['role']}:{m.get('content') or ''}\n" for m in body["messages"])
     p = body.get("prompt", "")
     return p if isinstance(p, str) else " ".join(map(str, p))
+
+
+def embedding(text: str, dims: int = 8) -> list[float]:
+    """A text's vector: its bytes' digest, scaled into [0, 1) (exact in float32)."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return [digest[i] / 256 for i in range(dims)]
 
 
 def build(b: Backend) -> web.Application:
@@ -199,7 +209,66 @@ def build(b: Backend) -> web.Application:
         finally:
             b.stats["running"] -= 1
 
+    async def pooling(request: web.Request) -> web.Response:
+        """vLLM's /v1/embeddings and /rerank (a pooling model's): a vector per input from
+        its text's bytes (float or base64, as vLLM answers the openai client's default), a
+        relevance per document; ``--prefill-delay`` holds the answer."""
+        body = await request.json()
+        b.stats["requests"] += 1
+        b.stats["salts"].append(body.get("cache_salt"))
+        b.stats["request_ids"].append(request.headers.get("X-Request-Id"))
+        b.stats["bodies"].append(body)
+        if b.mode == "fail500":
+            return web.json_response({"error": {"message": "boom", "type": "x"}}, status=500)
+        if body.get("model", b.model) != b.model:
+            err = {"message": "no such model", "type": "NotFoundError", "param": None, "code": 404}
+            return web.json_response({"error": err}, status=404)
+        b.stats["running"] += 1
+        b.stats["max_running"] = max(b.stats["max_running"], b.stats["running"])
+        try:
+            await asyncio.sleep(3600 if b.mode == "stall" else b.prefill_s)
+        except asyncio.CancelledError:
+            b.stats["aborted"] += 1
+            raise
+        finally:
+            b.stats["running"] -= 1
+        if request.path.endswith("rerank"):
+            docs = body["documents"]
+            results = [
+                {"index": i, "relevance_score": embedding(d)[0], "document": {"text": d}}
+                for i, d in enumerate(docs)
+            ]
+            tokens = sum(len(d) // 4 + 1 for d in docs)
+            return web.json_response(
+                {"id": "rerank-1", "model": b.model, "results": results,
+                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+            )  # fmt: skip
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = []
+        for i, text in enumerate(inputs):
+            vector = embedding(text)
+            value: object = vector
+            if body.get("encoding_format") == "base64":
+                value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = sum(len(t) // 4 + 1 for t in inputs)
+        return web.json_response(
+            {"id": "embd-1", "object": "list", "created": int(time.time()), "model": b.model,
+             "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        )  # fmt: skip
+
+    async def tokenize(request: web.Request) -> web.Response:
+        body = await request.json()
+        b.stats["request_ids"].append(request.headers.get("X-Request-Id"))
+        b.stats["bodies"].append(body)
+        tokens = list(body["prompt"].encode())
+        return web.json_response({"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
+
     app = web.Application()
+    app.router.add_post("/v1/embeddings", pooling)
+    app.router.add_post("/rerank", pooling)
+    app.router.add_post("/v1/rerank", pooling)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -76,6 +76,23 @@ def test_candidates_follow_models_and_drain() -> None:
     assert rs.candidates("n") == [] and rs.serves("n")
 
 
+def test_least_loaded_takes_the_fewest_in_flight_and_shares_ties_in_turn() -> None:
+    rs = ReplicaSet(Failover(), 16, ManualClock())
+    for port in (1, 2, 3):
+        rs.add(ReplicaSpec(f"http://h:{port}", "m"))
+    ones = [rs.least_loaded("m") for _ in range(6)]
+    assert {r.replica_id for r in ones if r is not None} == {"h:1", "h:2", "h:3"}
+    a, b, c = (rs.get(f"h:{port}") for port in (1, 2, 3))
+    assert a is not None and b is not None and c is not None
+    a.in_flight, b.in_flight, c.in_flight = 2, 0, 1
+    assert [rs.least_loaded("m") for _ in range(3)] == [b, b, b]
+    assert rs.least_loaded("m", exclude=b.replica_id) is c
+    b.others = 5  # another gateway's requests, as scraped
+    assert rs.least_loaded("m") is c
+    c.is_down = True
+    assert rs.least_loaded("m") is a and rs.least_loaded("nope") is None
+
+
 def test_scraped_load_adds_other_gateways_requests() -> None:
     rs = _set()
     r = rs.get("h:1")
