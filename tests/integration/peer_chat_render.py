@@ -4,8 +4,11 @@ transformers), for a tokenizer and template given as files. Exit 3 when a module
 
     python peer_chat_render.py SPEC.json   # prints [{"text", "ids"} | {"error"}, ...]
 
-SPEC: {"tokenizer_json": PATH, "special_tokens": {...}, "template": STR, "bodies": [...]}.
-vLLM's ``ModelConfig`` is the one stand-in: the two attributes text-only parsing reads.
+SPEC: {"tokenizer_json": PATH, "special_tokens": {...}, "template": STR, "bodies": [...]}, and
+``"anthropic": true`` for bodies that are Anthropic Messages requests, converted first as
+vLLM's ``/v1/messages`` converts them (``to_chat_completion_request``, with the inline-system
+merge vLLM decides for the template). vLLM's ``ModelConfig`` is the one stand-in: the two
+attributes text-only parsing reads.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ def main() -> None:
     tok = PreTrainedTokenizerFast(tokenizer_file=spec["tokenizer_json"], **spec["special_tokens"])
     template = spec["template"]
     model_config = types.SimpleNamespace(multimodal_config=None, enable_prompt_embeds=False)
+    convert = _anthropic(template) if spec.get("anthropic") else ChatCompletionRequest
     out: list[dict[str, Any]] = []
     for body in spec["bodies"]:
         try:
-            req = ChatCompletionRequest(**body)
+            req = convert(**body)
             params = req.build_chat_params(template, "string")
             conv, _, _ = parse_chat_messages(req.messages, model_config, "string")
             tools = None if req.tools is None else [t.model_dump() for t in req.tools]
@@ -49,6 +53,20 @@ def main() -> None:
         except Exception as exc:  # a request vLLM refuses: the reason, for the test's message
             out.append({"error": f"{type(exc).__name__}: {exc}"[:300]})
     json.dump(out, sys.stdout)
+
+
+def _anthropic(template: str) -> Any:
+    """A Messages request body -> vLLM's chat request of it."""
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+    from vllm.entrypoints.anthropic.serving import AnthropicServingMessages as Serving
+
+    merge = Serving._detect_merge_inline_system(template)
+
+    def convert(**body: Any) -> Any:
+        request = AnthropicMessagesRequest.model_validate(body)
+        return Serving.to_chat_completion_request(request, merge_inline_system=merge)
+
+    return convert
 
 
 if __name__ == "__main__":

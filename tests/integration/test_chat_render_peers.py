@@ -121,12 +121,15 @@ def _conversations(seed: int, n: int) -> list[list[dict[str, Any]]]:
     return convs
 
 
-def _vllm(tok: Tokenizer, template: str, bodies: list[dict], tmp: Path) -> list[dict]:
+def _vllm(
+    tok: Tokenizer, template: str, bodies: list[dict], tmp: Path, anthropic: bool = False
+) -> list[dict]:
+    """vLLM's rendering of each body (``anthropic``: Messages requests, converted first)."""
     if not PEER_PYTHON.exists():
         pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
     (tmp / "tokenizer.json").write_text(tok.backend.to_str())
     spec = {"tokenizer_json": str(tmp / "tokenizer.json"), "special_tokens": tok.special_tokens,
-            "template": template, "bodies": bodies}  # fmt: skip
+            "template": template, "bodies": bodies, "anthropic": anthropic}  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
     proc = subprocess.run(
         [str(PEER_PYTHON), str(SCRIPT), str(tmp / "spec.json")],
