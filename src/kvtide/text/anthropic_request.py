@@ -298,12 +298,13 @@ def _resolved_tools(tools: object, messages: list[dict[str, Any]]) -> list[Any] 
             name = _tool_name(definition, "messages")
             by_name[name] = definition
         else:
-            name = change.get("name")
-            if not isinstance(name, str) or name not in by_name:
+            named = change.get("name")
+            if not isinstance(named, str) or named not in by_name:
                 raise RequestError(
-                    f"{block['type']} references tool {name!r}, which is not declared in tools",
+                    f"{block['type']} references tool {named!r}, which is not declared in tools",
                     "messages",
                 )
+            name = named
             if block["type"] == "tool_addition":
                 by_name[name] = {**by_name[name], "defer_loading": None}
         if block["type"] == "tool_removal":
