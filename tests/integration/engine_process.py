@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
+
 from kvtide.cli.processes import free_port
 from kvtide.engine_server.server import EngineServer, ServerConfig
 
@@ -133,3 +135,13 @@ def in_process_engine(config: ServerConfig) -> Iterator[EngineServer]:
         assert server.loop is not None
         server.loop.call_soon_threadsafe(server.shutdown)
         thread.join(20)
+
+
+@contextmanager
+def engine_client(engine: Engine, timeout_s: float = 30.0) -> Iterator[openai.OpenAI]:
+    """The official client on ``engine``, closed afterwards: an unclosed client's socket
+    warns wherever the collector reaches it, in a later test or at the session's end."""
+    with openai.OpenAI(
+        base_url=engine.url + "/v1", api_key="x", max_retries=0, timeout=timeout_s
+    ) as client:
+        yield client

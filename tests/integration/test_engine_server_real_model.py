@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx2 as httpx
 import openai
 import pytest
-from engine_process import Engine, running_engine
+from engine_process import Engine, engine_client, running_engine
 
 from kvtide.text import find_smollm2_gguf
 
@@ -34,8 +34,9 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture
-def client(engine: Engine) -> openai.OpenAI:
-    return openai.OpenAI(base_url=engine.url + "/v1", api_key="x", max_retries=0, timeout=120)
+def client(engine: Engine) -> Iterator[openai.OpenAI]:
+    with engine_client(engine, timeout_s=120) as client:
+        yield client
 
 
 def test_same_greedy_answer_cold_and_on_a_prefix_hit(client: openai.OpenAI) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx2 as httpx
 import openai
 import pytest
-from engine_process import Engine, running_engine
+from engine_process import Engine, engine_client, running_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "emu"
@@ -31,8 +31,9 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture
-def client(engine: Engine) -> openai.OpenAI:
-    return openai.OpenAI(base_url=engine.url + "/v1", api_key="x", max_retries=0, timeout=30)
+def client(engine: Engine) -> Iterator[openai.OpenAI]:
+    with engine_client(engine) as client:
+        yield client
 
 
 def _counters(url: str) -> dict[str, float]:
