@@ -64,6 +64,29 @@ def error_body(err: ApiError) -> bytes:
     )
 
 
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+"""Anthropic's ``error.type`` by HTTP status, as vLLM's ``/v1/messages`` words it (any other
+5xx ``api_error``, 4xx ``invalid_request_error``): the ``anthropic`` client reads it."""
+
+
+def anthropic_error_body(err: ApiError) -> bytes:
+    """``err`` as Anthropic's error object, ``{"type": "error", "error": {type, message}}``
+    (what a server answers on ``/v1/messages``)."""
+    status = err.status.http
+    kind = ANTHROPIC_ERROR_TYPES.get(status)
+    if kind is None:
+        kind = "api_error" if status >= 500 else "invalid_request_error"
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}})
+
+
 def sse_error_event(err: ApiError) -> bytes:
     """An error after the first byte of a stream: one SSE event the ``openai`` client raises
     as ``APIError``, then the stream ends."""

@@ -1,10 +1,12 @@
 """The engine's HTTP API as a raw ASGI app: vLLM's OpenAI-compatible routes over one backend.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE streaming, one chunk per
-token as the backend produces it, less the text a stop string may still claim),
+token as the backend produces it, less the text a stop string may still claim), Anthropic's
+``POST /v1/messages`` (converted as vLLM converts it, answered in its shapes: ``messages``),
 ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``POST /tokenize``,
 ``POST /detokenize``. The backend's task lives in a TaskGroup owned by the
-ASGI lifespan. Every refusal is an OpenAI-style error body (``api_errors``); an unexpected
+ASGI lifespan. Every refusal is an OpenAI-style error body (``api_errors``; Anthropic's on
+``/v1/messages``); an unexpected
 exception is logged and answered 500 without a traceback, and the server keeps serving.
 A client that disconnects has its request aborted in the backend at once.
 """
@@ -25,6 +27,7 @@ from typing import Any, Protocol
 import orjson
 
 from kvtide.asgi import ApiError, Disconnected, Receive, Scope, Send, read_body, respond
+from kvtide.asgi.api_errors import anthropic_error_body
 from kvtide.asgi.messages import (
     BadContentLength,
     BodyTimeout,
@@ -42,6 +45,7 @@ from kvtide.engine_server.api_errors import (
     UNAVAILABLE,
     bad_request,
 )
+from kvtide.engine_server.messages import MessageFrames, anthropic_usage, message_body
 from kvtide.engine_server.metrics import CONTENT_TYPE, EngineMetrics
 from kvtide.engine_server.protocol import (
     Generation,
@@ -51,12 +55,13 @@ from kvtide.engine_server.protocol import (
     parse_chat,
     parse_completion,
     parse_detokenize,
+    parse_messages,
     parse_tokenize,
     usage,
 )
 from kvtide.engine_server.stream import RequestStream
 from kvtide.errors import CapacityError, ConfigError
-from kvtide.text import Tokenizer
+from kvtide.text import Tokenizer, anthropic_request
 from kvtide.text.chat_request import ChatRequest
 
 log = logging.getLogger("kvtide.engine_server")
@@ -135,6 +140,7 @@ class EngineApp:
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/messages"): self._messages,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
@@ -142,6 +148,12 @@ class EngineApp:
             ("POST", "/detokenize"): self._detokenize,
         }
         self._paths = {path for _, path in self._routes}
+        template = tokenizer.chat_template
+        # vLLM's choice for its /v1/messages: inline system messages merged into the first
+        # where the template refuses them (the gateway decides the same for its prompts)
+        self._merge_inline_system = anthropic_request.template_merges_inline_system(
+            None if template is None else template.source
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -162,7 +174,10 @@ class EngineApp:
                 raise ApiError(NOT_FOUND, f"no route {scope['path']}")
             await handler(scope, receive, send)
         except ApiError as exc:
-            await respond(send, exc.status.http, exc.body(), exc.headers())
+            # a Messages client gets Anthropic's error object, as vLLM answers it
+            messages = scope["path"] == "/v1/messages"
+            body = anthropic_error_body(exc) if messages else exc.body()
+            await respond(send, exc.status.http, body, exc.headers())
         except Disconnected:
             return
         except Exception:  # a bug: log it, answer 500 without a traceback, keep serving
@@ -260,6 +275,10 @@ class EngineApp:
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._generate(parse_chat(await self._json(scope, receive)), receive, send)
 
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self._json(scope, receive)
+        await self._generate(parse_messages(body, self._merge_inline_system), receive, send)
+
     async def _generate(self, gen: Generation, receive: Receive, send: Send) -> None:
         lim = self.limits
         self._check_model(gen.model)
@@ -309,7 +328,7 @@ class EngineApp:
                 f"the engine's queue is full ({backend.num_waiting} requests waiting)",
                 retry_after_s=lim.retry_after_s,
             )
-        prefix = "cmpl-" if gen.kind == "completion" else "chatcmpl-"
+        prefix = _ID_PREFIXES[gen.kind]
         rid = f"{prefix}{self._id_prefix}{next(self._ids)}"
         try:
             stream = backend.submit(rid, ids, max_tokens, gen.cache_salt, gen.priority)
@@ -320,7 +339,9 @@ class EngineApp:
         echo = self._echo(gen, ids)
         watcher = asyncio.ensure_future(_watch_disconnect(receive, backend, rid))
         try:
-            if gen.stream:
+            if gen.kind == "messages":
+                await self._message(gen, rid, stream, send)
+            elif gen.stream:
                 await self._stream(gen, rid, stream, send, echo)
             else:
                 await self._unary(gen, rid, stream, send, echo)
@@ -389,6 +410,39 @@ class EngineApp:
             if out:
                 await send_chunk(send, b"".join(out))
 
+    async def _message(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
+        """A Messages request's answer: whole, or streamed as Anthropic's events."""
+        model = self.limits.served_model_name
+        frames = MessageFrames(rid, model) if gen.stream else None
+        if frames is not None:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        texts: list[str] = []
+        while True:
+            taken = await stream.take()
+            if stream.finish_reason == "abort":
+                return  # the client went away
+            if frames is None:
+                texts.extend(taken)
+            else:
+                out = [frames.text(t) for t in taken if t]
+                if (out or stream.is_finished) and not frames.started:
+                    use = anthropic_usage(stream.prompt_tokens, 0, stream.cached_tokens)
+                    out.insert(0, frames.start(use))
+                if stream.is_finished:
+                    use = anthropic_usage(
+                        stream.prompt_tokens, stream.num_generated, stream.cached_tokens
+                    )
+                    out.append(frames.end(_finish(stream), stream.stop_reason, use))
+                    await send({"type": "http.response.body", "body": b"".join(out)})
+                    return
+                if out:
+                    await send_chunk(send, b"".join(out))
+            if stream.is_finished:
+                break
+        use = anthropic_usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+        body = message_body(rid, model, "".join(texts), _finish(stream), stream.stop_reason, use)
+        await respond(send, 200, orjson.dumps(body), JSON)
+
     def _echo(self, gen: Generation, ids: list[int]) -> str:
         """What a completion with ``echo`` puts before its output, as vLLM: the prompt's text
         as sent, or its token ids decoded."""
@@ -447,6 +501,9 @@ class EngineApp:
         if not ids:
             raise bad_request("the prompt is empty after tokenization", "prompt")
         return ids
+
+
+_ID_PREFIXES = {"completion": "cmpl-", "chat": "chatcmpl-", "messages": "msg_"}
 
 
 def _finish(stream: RequestStream) -> str:

@@ -19,9 +19,10 @@ from typing import Any, Literal
 from kvtide.asgi import ApiError
 from kvtide.engine_server.api_errors import bad_request
 from kvtide.errors import RequestError
+from kvtide.text import anthropic_request
 from kvtide.text.chat_request import ChatRequest, parse_chat_request
 
-Kind = Literal["completion", "chat"]
+Kind = Literal["completion", "chat", "messages"]
 
 _NUMBER_FIELDS = (
     "temperature",
@@ -238,6 +239,41 @@ def parse_chat(body: object) -> Generation:
         priority=_priority(body),
         include_stop_str=_opt_bool(body, "include_stop_str_in_output", False),
         max_tokens_param=max_tokens_param,
+    )
+
+
+def parse_messages(body: object, merge_inline_system: bool) -> Generation:
+    """``POST /v1/messages`` (Anthropic's Messages API): converted to the chat request vLLM
+    renders (``kvtide.text.anthropic_request``, as the gateway converts it), its own
+    ``max_tokens`` (required), ``stop_sequences``, ``stream`` and ``cache_salt``."""
+    body = _object(body)
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    max_tokens = _opt_positive_int(body, "max_tokens")
+    if max_tokens is None:
+        raise bad_request("'max_tokens' is required", "max_tokens")
+    stops = body.get("stop_sequences")
+    if stops is not None and (
+        not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)
+    ):
+        raise bad_request("'stop_sequences' must be an array of strings", "stop_sequences")
+    try:
+        chat = anthropic_request.chat_body(body, merge_inline_system)
+    except RequestError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    return Generation(
+        kind="messages",
+        model=model,
+        prompt_text=None,
+        prompt_ids=None,
+        chat=_chat_request(chat),
+        max_tokens=max_tokens,
+        stream=_opt_bool(body, "stream", False),
+        include_usage=True,
+        stop=tuple(stops or ()),
+        ignore_eos=False,
+        cache_salt=_cache_salt(body),
     )
 
 

@@ -16,16 +16,17 @@ import itertools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from kvtide.asgi import Send
 from kvtide.clock import Clock, EpochClock, WallClock
-from kvtide.errors import KvtideError
+from kvtide.errors import KvtideError, RequestError
 from kvtide.gateway.access_log import AccessLog, Exchange
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.config import GatewayConfig, Limits, ReplicaSpec, load_config
+from kvtide.gateway.dialects import ANTHROPIC, OPENAI
 from kvtide.gateway.heads import RoutedHeads
 from kvtide.gateway.health import HealthChecker
 from kvtide.gateway.intake import EventIntake
@@ -51,10 +52,13 @@ from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
 from kvtide.routing.shadow import ShadowFleet
 from kvtide.routing.specs import build_policy, parse_router
-from kvtide.text import load_tokenizer
+from kvtide.text import anthropic_request, load_tokenizer
 from kvtide.types import BlockHash, ReplicaId, Tier
 
 log = logging.getLogger("kvtide.gateway")
+
+Api = Literal["chat", "completions", "messages"]
+"""A completion's API: OpenAI's chat or text completions, Anthropic's Messages."""
 
 POOLING_PATHS = (
     "/v1/embeddings",
@@ -69,7 +73,7 @@ POOLING_PATHS = (
 )
 """vLLM's pooling endpoints: the engine runs each request's prompt (a prefill, no decode),
 under the tenant's cache salt as a completion's."""
-TOKENIZER_PATHS = ("/tokenize", "/detokenize")
+TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/v1/messages/count_tokens")
 """vLLM's tokenizer endpoints: answered by the engine's API server, no engine work."""
 PASSED_THROUGH = {path: path.rsplit("/", 1)[1] for path in (*POOLING_PATHS, *TOKENIZER_PATHS)}
 """The requests prefix routing has no part in, by path, and their access-log endpoint:
@@ -112,6 +116,11 @@ class Gateway:
             config.limits.max_prompt_tokens,
             tokenizer,
             config.prefix_cache_tokens,
+        )
+        template = getattr(tokenizer, "chat_template", None)
+        # as vLLM decides for its /v1/messages (text mode renders nothing: kept in place)
+        self._merge_inline_system = template is not None and (
+            anthropic_request.template_merges_inline_system(template.source)
         )
         self.replicas = ReplicaSet(
             config.failover,
@@ -422,35 +431,51 @@ class Gateway:
         self,
         send: Send,
         path: str,
-        is_chat: bool,
+        api: Api,
         authorization: str | None,
         raw: bytes,
         exchange: Exchange,
     ) -> int:
-        """Answers one completion (``raw``: its body) through ``send``; the HTTP status.
-        ``exchange`` (from ``exchange()``) gets what happened to it."""
+        """Answers one completion (``raw``: its body, a request of ``api``) through ``send``;
+        the HTTP status. ``exchange`` (from ``exchange()``) gets what happened to it."""
         tenant, body, model = self._opened(authorization, raw, exchange, model_required=True)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(BAD_REQUEST, "'stream' must be a boolean", "stream")
         exchange.stream = stream
         if stream:
-            exchange.hide_usage = ask_usage(body)
+            # vLLM's Messages streams carry their usage unasked
+            exchange.hide_usage = api != "messages" and ask_usage(body)
             exchange.count_output = tenant.tokens_per_minute > 0
-        max_tokens = _max_tokens(body, is_chat)
-        prompt = self.prompt(body, is_chat, self.seed(model, tenant.salt))
+        if api == "messages":
+            chat = self._messages_as_chat(body)
+            max_tokens = _max_tokens(body, False)
+            prompt = self.prompt(chat, True, self.seed(model, tenant.salt))
+        else:
+            max_tokens = _max_tokens(body, api == "chat")
+            prompt = self.prompt(body, api == "chat", self.seed(model, tenant.salt))
         exchange.prompt_tokens = prompt.prompt_tokens
         exchange.tokenized = self.prompts.is_exact and prompt.whole is None
         charged = self.tenants.admit(tenant, prompt.prompt_tokens + max_tokens)
         status: int | None = None
         try:
             status = await self._forward(
-                send, path, body, tenant, prompt, model, stream, max_tokens, exchange
+                send, path, body, tenant, prompt, model, stream, max_tokens, exchange, api
             )
             return status
         finally:
             self.tenants.release(tenant)
             self._settle(tenant, charged, prompt.prompt_tokens, exchange, status)
+
+    def _messages_as_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A Messages request as the chat request its engine renders (vLLM converts it so);
+        a 400 naming the field where it is malformed."""
+        if "max_tokens" not in body:
+            raise ApiError(BAD_REQUEST, "'max_tokens' is required", "max_tokens")
+        try:
+            return anthropic_request.chat_body(body, self._merge_inline_system)
+        except RequestError as exc:
+            raise ApiError(BAD_REQUEST, str(exc), exc.param) from None
 
     async def pass_through(
         self,
@@ -561,6 +586,7 @@ class Gateway:
         stream: bool,
         max_tokens: int,
         exchange: Exchange,
+        api: Api,
     ) -> int:
         # the client's cache_salt never reaches an engine: the tenant's secret salt does
         body.pop("cache_salt", None)
@@ -572,7 +598,8 @@ class Gateway:
             match = await self.shared.match(prompt.hashes)
             if match is not None:
                 route = dataclasses.replace(route, prefix_match=match)
-        return await self.proxy.forward(send, path, body, route, model, stream, exchange)
+        dialect = ANTHROPIC if api == "messages" else OPENAI
+        return await self.proxy.forward(send, path, body, route, model, stream, exchange, dialect)
 
     # --- admin -----------------------------------------------------------------------------
 

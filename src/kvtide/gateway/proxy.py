@@ -33,26 +33,22 @@ from kvtide.asgi.runner import DRAIN_CUT
 from kvtide.errors import NoHealthyReplica, UpstreamTimeout, UpstreamUnavailable
 from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.admission import Admission
+from kvtide.gateway.dialects import OPENAI, Dialect
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
-from kvtide.gateway.status import BAD_GATEWAY, ApiError, sse_error_event
+from kvtide.gateway.status import BAD_GATEWAY, ApiError
 from kvtide.gateway.upstream import Response, UpstreamPool
-from kvtide.gateway.usage import USAGE_MARK, OutputCounter, UsageHider, whole_events
+from kvtide.gateway.usage import OutputCounter, UsageHider, whole_events
 from kvtide.routing import RouteDecision, RouteRequest
 from kvtide.routing.router import Router
 from kvtide.types import ReplicaId
 
 log = logging.getLogger(__name__)
 
-_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 # vLLM's 400 for a priority under FCFS ("Got priority 5 but Priority scheduling is not
 # enabled."); kvtide engine's says the same
 _PRIORITY_OFF = re.compile(rb"priority scheduling is not enabled", re.IGNORECASE)
 _PASSED_HEADERS = (b"content-type", b"cache-control")
-_DONE = b"data: [DONE]\n\n"
-"""The end of an OpenAI stream, as vLLM, SGLang and kvtide engine send it."""
 _AFTER_DONE_S = 2.0
 """How long an engine gets to end its body after ``[DONE]`` before its connection is closed
 instead of reused (it has nothing more to send; the client's stream has ended already)."""
@@ -136,9 +132,11 @@ class Proxy:
         model: str,
         stream: bool,
         exchange: Exchange,
+        dialect: Dialect = OPENAI,
     ) -> int:
-        """Answers the client through ``send`` (``body``: the request as the engine gets it);
-        the HTTP status it got. ``exchange`` has the arrival and gets the route taken."""
+        """Answers the client through ``send`` (``body``: the request as the engine gets it,
+        in ``dialect``'s API); the HTTP status it got. ``exchange`` has the arrival and gets
+        the route taken."""
         arrival_s = exchange.arrival_s
         tried = None
         last: _Failed | None = None
@@ -155,7 +153,7 @@ class Proxy:
             exchange.replica = replica.replica_id
             exchange.route = decision.reason
             exchange.predicted_cached_tokens = decision.cached_tokens
-            priority = decision.engine_priority(exchange.ts)
+            priority = decision.engine_priority(exchange.ts) if dialect.takes_priority else None
             prioritised = priority is not None and replica.takes_priority(self.now_s())
             exchange.priority = priority if prioritised else None
             if priority is not None:
@@ -171,8 +169,9 @@ class Proxy:
                 payload = orjson.dumps(body)
             try:
                 status = await self._attempt(
-                    send, replica, path, payload, route, decision, stream, exchange, prioritised
-                )
+                    send, replica, path, payload, route, decision, stream, exchange, prioritised,
+                    dialect,
+                )  # fmt: skip
                 self.metrics.duration.observe(self.now_s() - arrival_s)
                 return status
             except _PriorityRefused:
@@ -235,7 +234,7 @@ class Proxy:
                 raise _Failed("read", exc) from exc
             replica.succeeded()
             if resp.status == 200:
-                _usage(exchange, body)  # a pooling answer's prompt tokens, for the tenant
+                OPENAI.usage(exchange, body)  # a pooling answer's prompt tokens, for the tenant
             self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
             await respond(send, resp.status, body, _answer_headers(resp, exchange))
             return resp.status
@@ -298,6 +297,7 @@ class Proxy:
         stream: bool,
         exchange: Exchange,
         prioritised: bool,
+        dialect: Dialect,
     ) -> int:
         replica.in_flight += 1
         gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
@@ -317,9 +317,9 @@ class Proxy:
                 if prioritised and resp.status == 400 and _PRIORITY_OFF.search(body):
                     raise _PriorityRefused
                 # the whole answer: its first token came earlier, when is not known
-                cached = _cached_tokens(body)
+                cached = dialect.cached(body)
                 exchange.cached_tokens = cached
-                _usage(exchange, body)
+                dialect.usage(exchange, body)
                 self.router.prefill_done(route, decision, cached, on_time=False)
                 booking.prefilled = True
                 replica.succeeded()
@@ -327,7 +327,7 @@ class Proxy:
                 await respond(send, resp.status, body, headers)
                 return resp.status
             return await self._stream(
-                send, replica, resp, headers, route, decision, booking, exchange
+                send, replica, resp, headers, route, decision, booking, exchange, dialect
             )
         finally:
             replica.in_flight -= 1
@@ -356,6 +356,7 @@ class Proxy:
         decision: RouteDecision,
         booking: _Booking,
         exchange: Exchange,
+        dialect: Dialect,
     ) -> int:
         first = True
         hider = UsageHider() if exchange.hide_usage else None
@@ -377,16 +378,16 @@ class Proxy:
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
                     exchange.first_token_s = self.now_s()
-                if USAGE_MARK in chunk:  # a usage object: the last chunk, or every chunk
-                    _usage(exchange, chunk)
+                if dialect.usage_mark in chunk:  # usage: the last chunk, or every chunk
+                    dialect.usage(exchange, chunk)
                     if exchange.cached_tokens is None:  # the same in each: reported once
-                        cached = _cached_tokens(chunk)
+                        cached = dialect.cached(chunk)
                         if cached is not None:
                             exchange.cached_tokens = cached
                             self.router.report(route, decision, cached)
                     if hider is not None:
                         chunk = hider.hide(chunk)
-                if chunk.endswith(_DONE):  # the client has it all: end its stream now
+                if dialect.done(chunk):  # the client has it all: end its stream now
                     exchange.answered_s = self.now_s()
                     await end_stream(send, sent.take(chunk))
                     break
@@ -409,7 +410,7 @@ class Proxy:
             if exchange.answered:  # the answer was whole: only its connection is lost
                 replica.succeeded()
                 return 200
-            await self._failed_mid_stream(send, replica, exchange, sent, exc)
+            await self._failed_mid_stream(send, replica, exchange, sent, exc, dialect)
             return 200
         except asyncio.CancelledError as exc:
             # after the answer, or at the drain's deadline: not the client going away
@@ -428,7 +429,13 @@ class Proxy:
         return 200
 
     async def _failed_mid_stream(
-        self, send: Send, replica: Replica, exchange: Exchange, sent: _Sent, exc: Exception
+        self,
+        send: Send,
+        replica: Replica,
+        exchange: Exchange,
+        sent: _Sent,
+        exc: Exception,
+        dialect: Dialect,
     ) -> None:
         """Ends a stream its engine broke off with one SSE error event. The client learns
         that the engine failed, not which one or how: that goes to the log."""
@@ -445,7 +452,7 @@ class Proxy:
         # an event the engine broke off (one over MAX_HELD_BYTES, passed on unended) is
         # ended first, so that the error is an event of its own
         gap = b"" if ends_event(sent.tail) else b"\n\n"
-        await end_stream(send, gap + sse_error_event(err))
+        await end_stream(send, gap + dialect.error_event(err))
 
     def _book_failure(self, replica: Replica) -> None:
         """A failed attempt on ``replica``; its health gauge drops when that ejects it."""
@@ -505,20 +512,3 @@ def _no_output(chunk: bytes) -> bool:
         if any(value for key, value in delta.items() if key != "role"):
             return False
     return True
-
-
-def _cached_tokens(body: bytes) -> int | None:
-    m = _CACHED.search(body)
-    return int(m.group(1)) if m else None
-
-
-def _usage(exchange: Exchange, data: bytes) -> None:
-    """The engine's own counts, where ``data`` has a ``usage`` object, into the access log's
-    record: its ``prompt_tokens`` beside the gateway's tell whether the two tokenize alike.
-    The last one in ``data`` counts: with usage in every chunk, one read may hold several."""
-    prompt = _PROMPT_TOKENS.findall(data)
-    if prompt:
-        exchange.engine_prompt_tokens = int(prompt[-1])
-    completion = _COMPLETION_TOKENS.findall(data)
-    if completion:
-        exchange.completion_tokens = int(completion[-1])

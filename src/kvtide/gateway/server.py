@@ -40,13 +40,14 @@ from kvtide.asgi.messages import (
 )
 from kvtide.errors import ConfigError, KvtideError
 from kvtide.gateway.access_log import Exchange
-from kvtide.gateway.app import PASSED_THROUGH, Gateway, json_object
+from kvtide.gateway.app import PASSED_THROUGH, Api, Gateway, json_object
 from kvtide.gateway.config import (
     REPLICA_OPTIONS,
     GatewayConfig,
     ReplicaSpec,
     check_replica_option,
 )
+from kvtide.gateway.dialects import ANTHROPIC, OPENAI
 from kvtide.gateway.replicas import Replica
 from kvtide.gateway.status import (
     BAD_REQUEST,
@@ -86,6 +87,11 @@ def _client_id(scope: Scope) -> str | None:
 
 def _authorization(scope: Scope) -> str | None:
     value = header(scope, b"authorization")
+    if value is None and scope["path"].startswith("/v1/messages"):
+        # Anthropic's clients send their key as X-Api-Key (``ANTHROPIC_API_KEY``), Bearer
+        # only as an auth token: either is the tenant's key here
+        key = header(scope, b"x-api-key")
+        return None if key is None else "Bearer " + key.decode("latin-1")
     return value.decode("latin-1") if value is not None else None
 
 
@@ -102,6 +108,7 @@ class GatewayApp:
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/messages"): self._messages,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/ready"): self._ready,
@@ -160,8 +167,10 @@ class GatewayApp:
             request_id = scope.get(_REQUEST_ID)
             if request_id:  # a refused completion keeps its id: the access log's line has it
                 headers.append((b"x-request-id", request_id))
+            # a Messages client gets Anthropic's error object (its exception classes read it)
+            dialect = ANTHROPIC if scope["path"].startswith("/v1/messages") else OPENAI
             with contextlib.suppress(Exception):  # the response had started, or no client
-                await respond(send, status, err.body(), headers)
+                await respond(send, status, dialect.error_body(err), headers)
         metrics.child(metrics.requests, endpoint, str(status)).inc()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
@@ -210,20 +219,23 @@ class GatewayApp:
     # --- completions --------------------------------------------------------------------------
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send) -> int:
-        return await self._complete(scope, receive, send, "/v1/chat/completions", True)
+        return await self._complete(scope, receive, send, "/v1/chat/completions", "chat")
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send) -> int:
-        return await self._complete(scope, receive, send, "/v1/completions", False)
+        return await self._complete(scope, receive, send, "/v1/completions", "completions")
+
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._complete(scope, receive, send, "/v1/messages", "messages")
 
     async def _complete(
-        self, scope: Scope, receive: Receive, send: Send, path: str, is_chat: bool
+        self, scope: Scope, receive: Receive, send: Send, path: str, api: Api
     ) -> int:
         gateway = self.gateway
 
         def answer(raw: bytes, exchange: Exchange) -> Awaitable[int]:
-            return gateway.complete(send, path, is_chat, _authorization(scope), raw, exchange)
+            return gateway.complete(send, path, api, _authorization(scope), raw, exchange)
 
-        return await self._exchange(scope, receive, "chat" if is_chat else "completions", answer)
+        return await self._exchange(scope, receive, api, answer)
 
     async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> int:
         gateway, path = self.gateway, scope["path"]

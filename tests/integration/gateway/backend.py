@@ -2,8 +2,9 @@
 socket, run as its own process (so a test can kill -9 it).
 
 It answers /v1/models, /health, /metrics (vLLM's gauge names), /v1/completions and
-/v1/chat/completions (streamed or not), a pooling model's /v1/embeddings and /rerank, and
-/tokenize (a byte per token), and reports ``prompt_tokens_details.cached_tokens`` as
+/v1/chat/completions (streamed or not), Anthropic's /v1/messages (streamed or not) and
+/v1/messages/count_tokens as vLLM serves them, a pooling model's /v1/embeddings and /rerank,
+and /tokenize (a byte per token), and reports ``prompt_tokens_details.cached_tokens`` as
 vLLM would with prefix caching: the longest prefix, in whole 16-character blocks, shared with
 an earlier prompt under the same ``cache_salt``. Not a fake of an engine's timing: the
 emulated engine (``kvtide engine``) is that. Modes (``--mode``): ok, fail500 (every
@@ -22,10 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import struct
 import time
+from collections.abc import Iterator
 
 from aiohttp import web
 
@@ -57,6 +60,26 @@ class Backend:
             "requests": 0, "aborted": 0, "running": 0, "max_running": 0, "salts": [], "bodies": [],
             "request_ids": [],
         }  # fmt: skip
+
+    def took(self, request: web.Request, body: dict, *dropped: str) -> None:
+        """Counts a request the engine runs: its salt, its id and its body less ``dropped``."""
+        self.stats["requests"] += 1
+        self.stats["salts"].append(body.get("cache_salt"))
+        self.stats["request_ids"].append(request.headers.get("X-Request-Id"))
+        self.stats["bodies"].append({k: v for k, v in body.items() if k not in dropped})
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """One request running; counted aborted where its client went away."""
+        self.stats["running"] += 1
+        self.stats["max_running"] = max(self.stats["max_running"], self.stats["running"])
+        try:
+            yield
+        except asyncio.CancelledError:
+            self.stats["aborted"] += 1
+            raise
+        finally:
+            self.stats["running"] -= 1
 
     def cached(self, salt: str | None, text: str) -> int:
         best = 0
@@ -103,10 +126,7 @@ def build(b: Backend) -> web.Application:
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        b.stats["requests"] += 1
-        b.stats["salts"].append(body.get("cache_salt"))
-        b.stats["request_ids"].append(request.headers.get("X-Request-Id"))
-        b.stats["bodies"].append({k: v for k, v in body.items() if k not in ("messages", "prompt")})
+        b.took(request, body, "messages", "prompt")
         if b.mode == "fail500":
             return web.json_response({"error": {"message": "boom", "type": "x"}}, status=500)
         if b.mode == "stall":
@@ -127,9 +147,7 @@ def build(b: Backend) -> web.Application:
         }
         kind = "chat.completion" if is_chat else "text_completion"
         created = int(time.time())
-        b.stats["running"] += 1
-        b.stats["max_running"] = max(b.stats["max_running"], b.stats["running"])
-        try:
+        with b.running():
             if not body.get("stream"):
                 await asyncio.sleep(b.prefill_s + b.delay_s * n)
                 if is_chat:
@@ -203,35 +221,20 @@ def build(b: Backend) -> web.Application:
             await asyncio.sleep(b.tail_s)
             await resp.write_eof()
             return resp
-        except asyncio.CancelledError:
-            b.stats["aborted"] += 1
-            raise
-        finally:
-            b.stats["running"] -= 1
 
     async def pooling(request: web.Request) -> web.Response:
         """vLLM's /v1/embeddings and /rerank (a pooling model's): a vector per input from
         its text's bytes (float or base64, as vLLM answers the openai client's default), a
         relevance per document; ``--prefill-delay`` holds the answer."""
         body = await request.json()
-        b.stats["requests"] += 1
-        b.stats["salts"].append(body.get("cache_salt"))
-        b.stats["request_ids"].append(request.headers.get("X-Request-Id"))
-        b.stats["bodies"].append(body)
+        b.took(request, body)
         if b.mode == "fail500":
             return web.json_response({"error": {"message": "boom", "type": "x"}}, status=500)
         if body.get("model", b.model) != b.model:
             err = {"message": "no such model", "type": "NotFoundError", "param": None, "code": 404}
             return web.json_response({"error": err}, status=404)
-        b.stats["running"] += 1
-        b.stats["max_running"] = max(b.stats["max_running"], b.stats["running"])
-        try:
+        with b.running():
             await asyncio.sleep(3600 if b.mode == "stall" else b.prefill_s)
-        except asyncio.CancelledError:
-            b.stats["aborted"] += 1
-            raise
-        finally:
-            b.stats["running"] -= 1
         if request.path.endswith("rerank"):
             docs = body["documents"]
             results = [
@@ -257,6 +260,70 @@ def build(b: Backend) -> web.Application:
              "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         )  # fmt: skip
 
+    def anthropic_error(status: int, kind: str, message: str) -> web.Response:
+        error = {"type": "error", "error": {"type": kind, "message": message}}
+        return web.json_response(error, status=status)
+
+    async def messages(request: web.Request) -> web.StreamResponse:
+        """vLLM's /v1/messages (Anthropic's Messages API): the reply and usage as vLLM's
+        converter words them, ``cache_read_input_tokens`` as the cached prefix."""
+        body = await request.json()
+        b.took(request, body, "messages", "system")
+        if b.mode == "fail500":
+            return anthropic_error(500, "api_error", "boom")
+        if b.mode == "stall":
+            await asyncio.sleep(3600)
+        if body.get("model") != b.model:
+            return anthropic_error(404, "not_found_error", "no such model")
+        if not isinstance(body.get("max_tokens"), int):
+            return anthropic_error(400, "invalid_request_error", "max_tokens: Field required")
+        text = json.dumps([body.get("system"), body["messages"]])[:-1]  # open: turns extend it
+        prompt_tokens = max(len(text) // 4, 1)
+        cached = b.cached(body.get("cache_salt"), text)
+        n = body["max_tokens"]
+        usage = {"input_tokens": prompt_tokens - cached, "output_tokens": n,
+                 "cache_read_input_tokens": cached}  # fmt: skip
+        reply = {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
+                 "model": b.model, "stop_reason": None, "stop_sequence": None}  # fmt: skip
+        with b.running():
+            await asyncio.sleep(b.prefill_s)
+            if not body.get("stream"):
+                await asyncio.sleep(b.delay_s * n)
+                reply.update(content=[{"type": "text", "text": "tok " * n}],
+                             stop_reason="max_tokens", usage=usage)  # fmt: skip
+                return web.json_response(reply)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+
+            async def event(kind: str, data: dict) -> None:
+                await resp.write(f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+
+            opening = {**usage, "output_tokens": 0}
+            await event("message_start", {"type": "message_start",
+                                          "message": {**reply, "usage": opening}})  # fmt: skip
+            block = {"type": "text", "text": ""}
+            start = {"type": "content_block_start", "index": 0, "content_block": block}
+            await event("content_block_start", start)
+            for _ in range(n):
+                await asyncio.sleep(b.delay_s)
+                delta = {"type": "text_delta", "text": "tok "}
+                await event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                    "delta": delta})  # fmt: skip
+            await event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            stop = {"stop_reason": "max_tokens", "stop_sequence": None}
+            await event("message_delta", {"type": "message_delta", "delta": stop, "usage": usage})
+            await event("message_stop", {"type": "message_stop"})
+            await asyncio.sleep(b.tail_s)
+            await resp.write_eof()
+            return resp
+
+    async def count_tokens(request: web.Request) -> web.Response:
+        body = await request.json()
+        b.stats["request_ids"].append(request.headers.get("X-Request-Id"))
+        b.stats["bodies"].append(body)
+        text = json.dumps([body.get("system"), body["messages"]])
+        return web.json_response({"input_tokens": max(len(text) // 4, 1)})
+
     async def tokenize(request: web.Request) -> web.Response:
         body = await request.json()
         b.stats["request_ids"].append(request.headers.get("X-Request-Id"))
@@ -269,6 +336,8 @@ def build(b: Backend) -> web.Application:
     app.router.add_post("/rerank", pooling)
     app.router.add_post("/v1/rerank", pooling)
     app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 from engine_process import Engine, start_engine
 
@@ -163,7 +164,7 @@ def access_log_lines(path: Path, n: int, timeout_s: float = 10.0) -> list[dict[s
         time.sleep(0.05)
 
 
-_OPENAI_CLIENTS: list[openai.OpenAI] = []
+_OPENAI_CLIENTS: list[openai.OpenAI | anthropic.Anthropic] = []
 
 
 def openai_client(**kwargs: Any) -> openai.OpenAI:
@@ -171,6 +172,13 @@ def openai_client(**kwargs: Any) -> openai.OpenAI:
     an unclosed client's sockets raise their ResourceWarning whenever the collector reaches
     them, which may be in another test or at the session's end."""
     client = openai.OpenAI(**kwargs)
+    _OPENAI_CLIENTS.append(client)
+    return client
+
+
+def anthropic_client(**kwargs: Any) -> anthropic.Anthropic:
+    """``anthropic.Anthropic(**kwargs)``, closed when the test ends, as ``openai_client``."""
+    client = anthropic.Anthropic(**kwargs)
     _OPENAI_CLIENTS.append(client)
     return client
 

@@ -1,0 +1,72 @@
+"""`kvtide engine`'s Anthropic Messages API (``POST /v1/messages``) with the official
+``anthropic`` client: a whole message and a stream, stop sequences and their stop reasons,
+usage with the cached input apart, errors as Anthropic error objects."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import anthropic
+import pytest
+from engine_process import running_engine
+
+pytestmark = pytest.mark.timeout(120)
+
+SYSTEM = "You are a careful coding agent working in a large repository. " * 10
+
+
+def _post(url: str, body: Any) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
+
+
+def test_messages_whole_and_streamed_with_usage_and_stops() -> None:
+    with running_engine("--served-model-name", "emu", "--speedup", "50") as e:
+        client = anthropic.Anthropic(base_url=e.url, api_key="x", max_retries=0, timeout=30)
+        try:
+            said = [{"role": "user", "content": "Summarise the build."}]
+            first = client.messages.create(model="emu", max_tokens=6, system=SYSTEM, messages=said)
+            assert first.stop_reason == "max_tokens" and first.usage.output_tokens == 6
+            assert first.id.startswith("msg_") and first.content[0].type == "text"
+            assert first.usage.cache_read_input_tokens == 0
+            with client.messages.stream(
+                model="emu", max_tokens=6, system=SYSTEM, messages=said
+            ) as stream:
+                deltas = list(stream.text_stream)
+                again = stream.get_final_message()
+            # the same prompt again: its blocks are cached, the input counts the rest
+            cached = again.usage.cache_read_input_tokens
+            assert cached is not None and cached > 0
+            assert again.usage.input_tokens + cached == first.usage.input_tokens
+            assert "".join(deltas) == first.content[0].text  # type: ignore[union-attr]
+            word = first.content[0].text.split()[1]  # type: ignore[union-attr]
+            stopped = client.messages.create(
+                model="emu", max_tokens=6, system=SYSTEM, messages=said, stop_sequences=[word]
+            )
+            assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
+        finally:
+            client.close()
+
+
+def test_messages_errors_are_anthropic_error_objects() -> None:
+    with running_engine("--served-model-name", "emu", "--speedup", "50") as e:
+        url = f"{e.url}/v1/messages"
+        said = [{"role": "user", "content": "hi"}]
+        status, body = _post(url, {"model": "nope", "max_tokens": 5, "messages": said})
+        assert status == 404 and body["error"]["type"] == "not_found_error", body
+        status, body = _post(url, {"model": "emu", "messages": said})
+        assert status == 400 and body == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": "'max_tokens' is required"},
+        }
+        status, body = _post(url, {"model": "emu", "max_tokens": 5, "messages": [{"role": 1}]})
+        assert status == 400 and "role" in body["error"]["message"], body
