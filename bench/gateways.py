@@ -21,13 +21,15 @@ skipped):
    the LRU cache that serves 90% of its reuse, ``kvtide.workloads.stats``), and their
    ``--speedup`` makes its prefill with no hit ``--load`` of the fleet's capacity; printed as
    "sizing". Each gateway gets freshly restarted engines (cold caches) and the same
-   requests; ``--workloads`` picks chat, mooncake or both. ``--repeat N`` runs every gateway
-   N times, in rounds (all gateways, then all again), and prints medians; the JSON keeps each
-   run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with options beside, and
-   ``--only "kvtide cost cap 4"`` one with ``limits.max_in_flight_per_replica: 4`` (requests
-   beyond 4 per engine wait in the gateway's queue). ``--scheduling-policy priority`` starts
-   every engine admitting by vLLM's ``priority``, which ``kvtide cost:deadline_k=10`` sets
-   (the peers send none, so their requests are served in arrival order as under fcfs).
+   requests; ``--workloads`` picks chat, mooncake or both; ``--api messages`` sends them as
+   Anthropic Messages requests (``/v1/messages``, the system prompt apart). ``--repeat N``
+   runs every gateway N times, in rounds (all gateways, then all again), and prints medians;
+   the JSON keeps each run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with
+   options beside, and ``--only "kvtide cost cap 4"`` one with
+   ``limits.max_in_flight_per_replica: 4`` (requests beyond 4 per engine wait in the
+   gateway's queue). ``--scheduling-policy priority`` starts every engine admitting by vLLM's
+   ``priority``, which ``kvtide cost:deadline_k=10`` sets (the peers send none, so their
+   requests are served in arrival order as under fcfs).
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
@@ -452,11 +454,13 @@ def run_workload(
     plan: list[Any],
     seed: int,
     rows_path: Path | None = None,
+    api: str = "chat",
 ) -> dict[str, Any]:
-    """One run of ``plan`` through ``front``: its summary; with ``rows_path`` the load
-    generator's per-request rows are written there too (JSON), for analysis by phase."""
+    """One run of ``plan`` through ``front`` (``api``: the load generator's, chat or
+    Anthropic's messages): its summary; with ``rows_path`` the load generator's per-request
+    rows are written there too (JSON), for analysis by phase."""
     assert front.url is not None
-    config = LoadConfig(url=front.url, model=MODEL, seed=seed, timeout_s=120.0)
+    config = LoadConfig(url=front.url, model=MODEL, seed=seed, timeout_s=120.0, api=api)
     # what the gateway burns with no request (health checks, scrapes, event intake), so that
     # per-request CPU at a low rate can be read apart from its constant background
     idle0 = front.cpu_s()
@@ -865,6 +869,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hot-output-tokens", type=int, default=24)
     p.add_argument("--phases", default="workloads,overhead,hot")
     p.add_argument("--workloads", default="chat,mooncake", help="of the workloads phase")
+    p.add_argument(
+        "--api",
+        default="chat",
+        choices=("chat", "messages"),
+        help="the workloads phase's API: OpenAI's chat completions, or Anthropic's Messages "
+        "(/v1/messages; sglang-router 0.3.2 has no such route)",
+    )
     p.add_argument("--only", help="comma-separated gateway names to run (default all)")
     p.add_argument(
         "--repeat",
@@ -934,6 +945,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 wp.plan,
                                 args.seed + 1 + round_,
                                 rows_path,
+                                args.api,
                             )
                         finally:
                             stop_front(front, group)

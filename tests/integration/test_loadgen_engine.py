@@ -37,3 +37,29 @@ def test_token_prompts_reach_the_engine_as_the_trace_has_them(tmp_path: Path) ->
     assert [r["output_tokens"] for r in rows] == [5, 3, 1]
     engine_rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert sorted(r["prompt_tokens"] for r in engine_rows) == [17, 40, 43]
+
+
+def test_messages_api_load_reads_anthropics_stream_and_usage(tmp_path: Path) -> None:
+    """`kvtide load --api messages`: a multi-turn workload as Anthropic Messages requests
+    (the system prompt apart), its text deltas timed and its usage read: the prompt is the
+    input and the cached input together, as the engine counted it for the same chat turns."""
+    out = tmp_path / "load.json"
+    records = tmp_path / "records.jsonl"
+    with running_engine("--speedup", "50", "--records", str(records)) as engine:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvtide", "load", "--url", engine.url, "--workload",
+             "builtin:chat:sessions=4,turns=3,duration_s=6,think_s=0.5,output_tokens=8",
+             "--api", "messages", "--quiet",
+             "--json", str(out)],
+            capture_output=True, text=True, timeout=90, env={**os.environ, "PYTHONPATH": str(SRC)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    rows = report["requests"]
+    assert report["config"]["endpoint"].endswith("/v1/messages")
+    assert rows and all(r["error"] is None and r["ttft_s"] is not None for r in rows), rows
+    engine_rows = [json.loads(line) for line in records.read_text().splitlines()]
+    engine_prompts = sorted(r["prompt_tokens"] for r in engine_rows)
+    assert sorted(r["prompt_tokens"] for r in rows) == engine_prompts
+    assert any(r["cached_tokens"] for r in rows)  # later turns hit their conversation's blocks
+    assert all(r["output_tokens"] >= 1 and r["finish_reason"] for r in rows)

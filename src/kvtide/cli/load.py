@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--api",
         choices=APIS,
-        help="endpoint (default chat; completions with --prompt-format tokens)",
+        help="endpoint: chat (/v1/chat/completions, the default), completions (the default "
+        "with --prompt-format tokens) or messages (Anthropic's /v1/messages)",
     )
     parser.add_argument(
         "--prompt-format",
@@ -130,8 +131,10 @@ def run(args: argparse.Namespace) -> int:
         args.workload, limit=args.requests, time_scale=args.time_scale, seed=args.seed
     )
     tokens = args.prompt_format == "tokens"
-    if tokens and args.api == "chat":
-        raise ConfigError("--prompt-format tokens: needs --api completions (chat has no token ids)")
+    if tokens and args.api in ("chat", "messages"):
+        raise ConfigError(
+            f"--prompt-format tokens: needs --api completions ({args.api} has no token ids)"
+        )
     tokenizer = load_tokenizer(args.tokenizer)
     config = LoadConfig(
         url=args.url[0],

@@ -4,6 +4,9 @@ TTFT is the first chunk that carries generated text (a role-only or empty chunk 
 each later text chunk adds one inter-token latency (ITL) since the previous one, and E2E ends at
 the last text chunk. ``usage`` (``stream_options.include_usage``) gives the token counts and
 ``prompt_tokens_details.cached_tokens``. Every failure becomes an error kind, never an exception.
+An Anthropic Messages stream is read the same way: its text deltas are the chunks, its
+``message_start`` and ``message_delta`` usage the counts (the prompt is the input and the cached
+input together), its ``message_stop`` the end.
 """
 
 from __future__ import annotations
@@ -67,6 +70,52 @@ def _read_usage(out: Outcome, usage: object) -> None:
         out.cached_tokens = details["cached_tokens"]
 
 
+def _read_anthropic_usage(out: Outcome, usage: object) -> None:
+    if not isinstance(usage, dict):
+        return
+    parts = [usage.get(k) for k in ANTHROPIC_INPUT]
+    if isinstance(parts[0], int):
+        out.prompt_tokens = sum(p for p in parts if isinstance(p, int))
+    if isinstance(usage.get("cache_read_input_tokens"), int):
+        out.cached_tokens = usage["cache_read_input_tokens"]
+    if isinstance(usage.get("output_tokens"), int):
+        out.completion_tokens = usage["output_tokens"]
+
+
+ANTHROPIC_INPUT = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+"""Anthropic's input counts: the uncached, the cached and the newly cached."""
+
+
+def _anthropic_event(
+    out: Outcome, data: Mapping[str, Any], elapsed_s: float, last_s: float
+) -> float:
+    """Folds one event of an Anthropic Messages stream into ``out``."""
+    kind = data.get("type")
+    if kind == "content_block_delta":
+        delta = data.get("delta")
+        text = ""
+        if isinstance(delta, dict):
+            parts = (delta.get("text"), delta.get("thinking"), delta.get("partial_json"))
+            text = "".join(p for p in parts if isinstance(p, str))
+        if text:
+            if out.ttft_s is None:
+                out.ttft_s = elapsed_s
+            else:
+                out.itl_s.append(elapsed_s - last_s)
+            last_s = elapsed_s
+            out.text += text
+    elif kind == "message_start":
+        message = data.get("message")
+        if isinstance(message, dict):
+            _read_anthropic_usage(out, message.get("usage"))
+    elif kind == "message_delta":
+        _read_anthropic_usage(out, data.get("usage"))
+        delta = data.get("delta")
+        if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+            out.finish_reason = delta["stop_reason"]
+    return last_s
+
+
 def _error_message(body: str) -> str:
     try:
         data = json.loads(body)
@@ -85,6 +134,8 @@ def _apply_event(out: Outcome, data: Mapping[str, Any], elapsed_s: float, last_s
         out.error = "stream_error"
         out.detail = str(err.get("message") if isinstance(err, dict) else err)[:200]
         return last_s
+    if "type" in data:  # Anthropic's events are typed; OpenAI's chunks are not
+        return _anthropic_event(out, data, elapsed_s, last_s)
     choices = data.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         choice = choices[0]
@@ -148,13 +199,16 @@ async def stream(
                         last_s = _apply_event(out, event, now, last_s)
                         if out.error is not None:
                             return out
+                        if event.get("type") == "message_stop":  # Anthropic's [DONE]
+                            done = True
+                            break
                 if done:
                     break
             done = done or pending.strip() in (b"data: [DONE]", b"data:[DONE]")
             if out.ttft_s is None:
                 out.error, out.detail = "protocol", "the stream ended without a text chunk"
             elif not done:
-                out.error, out.detail = "disconnected", "the stream ended without data: [DONE]"
+                out.error, out.detail = "disconnected", "the stream ended without its end event"
             out.e2e_s = last_s
             return out
     except TimeoutError:

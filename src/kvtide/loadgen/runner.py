@@ -23,7 +23,8 @@ from kvtide.types import Request
 from kvtide.workloads import Workload
 from kvtide.workloads.registry import BUILTIN_PREFIX
 
-APIS = ("chat", "completions")
+APIS = ("chat", "completions", "messages")
+"""OpenAI's chat and text completions; Anthropic's Messages API (``/v1/messages``)."""
 PROMPT_FORMATS = ("text", "tokens")
 
 
@@ -58,10 +59,12 @@ class LoadConfig:
                 f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, "
                 f"got {self.prompt_format!r}"
             )
+        if self.api not in APIS:
+            raise ConfigError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
         if self.prompt_format == "tokens" and self.api != "completions":
             raise ConfigError(
-                "a token-id prompt needs the completions API (a chat request has no token-id "
-                "prompt)"
+                f"a token-id prompt needs the completions API (a {self.api} request has no "
+                "token-id prompt)"
             )
 
     @property
@@ -79,8 +82,11 @@ class LoadConfig:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        path = "chat/completions" if self.api == "chat" else "completions"
+        path = _PATHS[self.api]
         return tuple(f"{_base(url)}/v1/{path}" for url in (self.url, *self.more_urls))
+
+
+_PATHS = {"chat": "chat/completions", "completions": "completions", "messages": "messages"}
 
 
 def _base(url: str) -> str:
@@ -113,8 +119,16 @@ def payload(config: LoadConfig, model: str, prompt: Prompt, request: Request) ->
         "model": model,
         "max_tokens": max(1, request.output_tokens),
         "stream": True,
-        "stream_options": {"include_usage": True},
     }
+    if config.api == "messages":  # Anthropic's: the system prompt apart, usage always sent
+        system = "".join(text for role, text in prompt.messages if role == "system")
+        if system:
+            body["system"] = system
+        body["messages"] = [{"role": r, "content": t} for r, t in prompt.messages if r != "system"]
+        if config.temperature is not None:
+            body["temperature"] = config.temperature
+        return body
+    body["stream_options"] = {"include_usage": True}
     if prompt.token_ids is not None:
         body["prompt"] = list(prompt.token_ids)
     elif config.api == "chat":
@@ -185,6 +199,7 @@ async def discover_model(session: aiohttp.ClientSession, config: LoadConfig) -> 
 
 
 def _headers(config: LoadConfig) -> dict[str, str]:
+    # Anthropic's servers read X-Api-Key; vLLM's /v1/messages and kvtide's the bearer token
     return {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
 
 
