@@ -57,6 +57,24 @@ def test_messages_whole_and_streamed_with_usage_and_stops() -> None:
             client.close()
 
 
+def test_every_stream_ends_whole_when_the_output_ends_during_a_send() -> None:
+    """A stream whose request finished while its last chunk was being sent was answered a
+    second time, as a whole message, on the started response: the engine raised and cut the
+    connection (a few streams in 40 did). Each of these gets its events and its end."""
+    with running_engine("--served-model-name", "emu", "--speedup", "50") as e:
+        client = anthropic.Anthropic(base_url=e.url, api_key="x", max_retries=0, timeout=30)
+        try:
+            said = [{"role": "user", "content": "Go on."}]
+            for _ in range(40):
+                with client.messages.stream(
+                    model="emu", max_tokens=6, system=SYSTEM, messages=said
+                ) as stream:
+                    assert stream.get_final_message().usage.output_tokens == 6
+        finally:
+            client.close()
+        assert not [line for line in e.log if "Traceback" in line]
+
+
 def test_messages_errors_are_anthropic_error_objects() -> None:
     with running_engine("--served-model-name", "emu", "--speedup", "50") as e:
         url = f"{e.url}/v1/messages"

@@ -77,6 +77,28 @@ ANTHROPIC_ERROR_TYPES = {
 5xx ``api_error``, 4xx ``invalid_request_error``): the ``anthropic`` client reads it."""
 
 
+ANTHROPIC_PATH = "/v1/messages"
+"""Where a server speaks Anthropic's Messages API (and its ``count_tokens``): errors there are
+Anthropic's error objects."""
+
+
+def speaks_anthropic(path: str) -> bool:
+    return path.startswith(ANTHROPIC_PATH)
+
+
+def error_for(path: str, err: ApiError) -> bytes:
+    """``err``'s body in the API of ``path``: Anthropic's on ``/v1/messages``, else OpenAI's."""
+    return anthropic_error_body(err) if speaks_anthropic(path) else error_body(err)
+
+
+def error_event_for(path: str, err: ApiError) -> bytes:
+    """``err`` as the SSE event that ends a stream of ``path``'s API: Anthropic's ``error``
+    event (the ``anthropic`` client raises it), or OpenAI's ``data:`` error object."""
+    if speaks_anthropic(path):
+        return b"event: error\ndata: " + anthropic_error_body(err) + b"\n\n"
+    return sse_error_event(err)
+
+
 def anthropic_error_body(err: ApiError) -> bytes:
     """``err`` as Anthropic's error object, ``{"type": "error", "error": {type, message}}``
     (what a server answers on ``/v1/messages``)."""

@@ -6,10 +6,11 @@ protocol on the loop itself, no thread hand-off: cheapest at low concurrency).
 
 SIGTERM/SIGINT: ``on_stop`` runs (a server drains its own way), then the listener closes (new
 connections are refused) while requests in flight finish; those still running ``drain_s``
-later are cancelled, and each gets ``cut_error`` as what it can still take: the error's
-response where none had started, an SSE error event ending an event stream (the ``openai``
-client raises ``APIError``; cut without it, the client saw a dropped connection and the
-server logged a traceback), the end of any other body. Then the lifespan shuts down. SIGHUP
+later are cancelled, and each gets ``cut_error`` as what it can still take, in its API's
+wording (``api_errors.error_for``: Anthropic's on ``/v1/messages``): the error's response
+where none had started, an SSE error event ending an event stream (the ``openai`` client
+raises ``APIError``; cut without it, the client saw a dropped connection and the server
+logged a traceback), the end of any other body. Then the lifespan shuts down. SIGHUP
 calls ``on_reload``.
 """
 
@@ -23,7 +24,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from kvtide.asgi.api_errors import ApiError, Status, sse_error_event
+from kvtide.asgi.api_errors import ApiError, Status, error_event_for, error_for
 from kvtide.asgi.messages import Message, Receive, Scope, Send, ends_event, stream_tail
 from kvtide.errors import ConfigError, KvtideError
 
@@ -112,7 +113,7 @@ class AsgiServer:
                 raise
             task.uncancel()
             with contextlib.suppress(Exception):  # the client may be gone too
-                await sent.cut(self.cut_error)
+                await sent.cut(self.cut_error, scope["path"])
         finally:
             self._in_flight.discard(task)
 
@@ -271,17 +272,18 @@ class _Sent:
                 self.done = True
         await self.send(message)
 
-    async def cut(self, err: ApiError) -> None:
+    async def cut(self, err: ApiError, path: str) -> None:
+        """Ends the response with ``err``, in the API of the request's ``path``."""
         if self.done:
             return
         if not self.started:
             headers = [*err.headers(), (b"connection", b"close")]
             await self.send({"type": "http.response.start", "status": err.status.http,
                              "headers": headers})  # fmt: skip
-            await self.send({"type": "http.response.body", "body": err.body()})
+            await self.send({"type": "http.response.body", "body": error_for(path, err)})
         elif self.event_stream:
             gap = b"" if ends_event(self.tail) else b"\n\n"
-            event = gap + sse_error_event(err)
+            event = gap + error_event_for(path, err)
             await self.send({"type": "http.response.body", "body": event})
         else:  # a JSON body cut short: the client sees it end early
             await self.send({"type": "http.response.body", "body": b""})

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import orjson
 
 from kvtide.asgi import ApiError, Disconnected, Receive, Scope, Send, read_body, respond
-from kvtide.asgi.api_errors import anthropic_error_body
+from kvtide.asgi.api_errors import error_for
 from kvtide.asgi.messages import (
     BadContentLength,
     BodyTimeout,
@@ -175,16 +175,14 @@ class EngineApp:
             await handler(scope, receive, send)
         except ApiError as exc:
             # a Messages client gets Anthropic's error object, as vLLM answers it
-            messages = scope["path"] == "/v1/messages"
-            body = anthropic_error_body(exc) if messages else exc.body()
-            await respond(send, exc.status.http, body, exc.headers())
+            await respond(send, exc.status.http, error_for(scope["path"], exc), exc.headers())
         except Disconnected:
             return
         except Exception:  # a bug: log it, answer 500 without a traceback, keep serving
             log.exception("unexpected error on %s %s", scope["method"], scope["path"])
             with contextlib.suppress(Exception):  # the response had started, or no client
                 err = ApiError(INTERNAL, "internal server error")
-                await respond(send, 500, err.body(), JSON)
+                await respond(send, 500, error_for(scope["path"], err), JSON)
 
     def _authorized(self, scope: Scope) -> bool:
         """A bearer token among ``api_keys``, compared by digest in constant time (every key
@@ -355,19 +353,13 @@ class EngineApp:
     async def _unary(
         self, gen: Generation, rid: str, stream: RequestStream, send: Send, echo: str
     ) -> None:
-        texts: list[str] = [echo]
-        while True:
-            texts.extend(await stream.take())
-            if stream.is_finished:
-                break
-        if stream.finish_reason == "abort":
+        text = await _whole_text(stream)
+        if text is None:
             return  # the client went away
         build = completion_body if gen.kind == "completion" else chat_body
         use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
         model = self.limits.served_model_name
-        body = build(
-            rid, epoch_s(), model, "".join(texts), _finish(stream), stream.stop_reason, use
-        )
+        body = build(rid, epoch_s(), model, echo + text, _finish(stream), stream.stop_reason, use)
         await respond(send, 200, orjson.dumps(body), JSON)
 
     async def _stream(
@@ -413,35 +405,35 @@ class EngineApp:
     async def _message(self, gen: Generation, rid: str, stream: RequestStream, send: Send) -> None:
         """A Messages request's answer: whole, or streamed as Anthropic's events."""
         model = self.limits.served_model_name
-        frames = MessageFrames(rid, model) if gen.stream else None
-        if frames is not None:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        texts: list[str] = []
+        if not gen.stream:
+            text = await _whole_text(stream)
+            if text is None:
+                return  # the client went away
+            use = anthropic_usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+            body = message_body(rid, model, text, _finish(stream), stream.stop_reason, use)
+            await respond(send, 200, orjson.dumps(body), JSON)
+            return
+        frames = MessageFrames(rid, model)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
         while True:
             taken = await stream.take()
+            # read once: the stream may finish while a chunk below is being sent
+            finished = stream.is_finished
             if stream.finish_reason == "abort":
                 return  # the client went away
-            if frames is None:
-                texts.extend(taken)
-            else:
-                out = [frames.text(t) for t in taken if t]
-                if (out or stream.is_finished) and not frames.started:
-                    use = anthropic_usage(stream.prompt_tokens, 0, stream.cached_tokens)
-                    out.insert(0, frames.start(use))
-                if stream.is_finished:
-                    use = anthropic_usage(
-                        stream.prompt_tokens, stream.num_generated, stream.cached_tokens
-                    )
-                    out.append(frames.end(_finish(stream), stream.stop_reason, use))
-                    await send({"type": "http.response.body", "body": b"".join(out)})
-                    return
-                if out:
-                    await send_chunk(send, b"".join(out))
-            if stream.is_finished:
-                break
-        use = anthropic_usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
-        body = message_body(rid, model, "".join(texts), _finish(stream), stream.stop_reason, use)
-        await respond(send, 200, orjson.dumps(body), JSON)
+            out = [frames.text(t) for t in taken if t]
+            if (out or finished) and not frames.started:  # with the first output, as vLLM
+                use = anthropic_usage(stream.prompt_tokens, 0, stream.cached_tokens)
+                out.insert(0, frames.start(use))
+            if finished:
+                use = anthropic_usage(
+                    stream.prompt_tokens, stream.num_generated, stream.cached_tokens
+                )
+                out.append(frames.end(_finish(stream), stream.stop_reason, use))
+                await send({"type": "http.response.body", "body": b"".join(out)})
+                return
+            if out:
+                await send_chunk(send, b"".join(out))
 
     def _echo(self, gen: Generation, ids: list[int]) -> str:
         """What a completion with ``echo`` puts before its output, as vLLM: the prompt's text
@@ -504,6 +496,17 @@ class EngineApp:
 
 
 _ID_PREFIXES = {"completion": "cmpl-", "chat": "chatcmpl-", "messages": "msg_"}
+
+
+async def _whole_text(stream: RequestStream) -> str | None:
+    """The whole output of a request answered at once; None when it was aborted (its
+    client went away)."""
+    texts: list[str] = []
+    while True:
+        texts.extend(await stream.take())
+        if stream.is_finished:
+            break
+    return None if stream.finish_reason == "abort" else "".join(texts)
 
 
 def _finish(stream: RequestStream) -> str:

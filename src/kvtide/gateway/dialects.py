@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import re
 
-from kvtide.asgi.api_errors import anthropic_error_body, error_body
+from kvtide.asgi.api_errors import (
+    ANTHROPIC_PATH,
+    anthropic_error_body,
+    error_body,
+    error_event_for,
+    sse_error_event,
+)
 from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.status import ApiError
 from kvtide.gateway.usage import USAGE_MARK
@@ -61,7 +67,7 @@ class Dialect:
     def error_event(self, err: ApiError) -> bytes:
         """An error after a stream's first byte: one SSE event, then the stream ends (the
         ``openai`` client raises it as ``APIError``)."""
-        return b"data: " + error_body(err) + b"\n\n"
+        return sse_error_event(err)
 
 
 class AnthropicDialect(Dialect):
@@ -105,7 +111,7 @@ class AnthropicDialect(Dialect):
 
     def error_event(self, err: ApiError) -> bytes:
         """One ``error`` event (the ``anthropic`` client raises it as ``APIStatusError``)."""
-        return b"event: error\ndata: " + self.error_body(err) + b"\n\n"
+        return error_event_for(ANTHROPIC_PATH, err)
 
 
 OPENAI = Dialect()

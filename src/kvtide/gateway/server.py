@@ -31,6 +31,7 @@ from kvtide.asgi import (
     respond,
     watch_disconnect,
 )
+from kvtide.asgi.api_errors import error_for, speaks_anthropic
 from kvtide.asgi.messages import (
     BadContentLength,
     BodyTimeout,
@@ -47,7 +48,6 @@ from kvtide.gateway.config import (
     ReplicaSpec,
     check_replica_option,
 )
-from kvtide.gateway.dialects import ANTHROPIC, OPENAI
 from kvtide.gateway.replicas import Replica
 from kvtide.gateway.status import (
     BAD_REQUEST,
@@ -87,7 +87,7 @@ def _client_id(scope: Scope) -> str | None:
 
 def _authorization(scope: Scope) -> str | None:
     value = header(scope, b"authorization")
-    if value is None and scope["path"].startswith("/v1/messages"):
+    if value is None and speaks_anthropic(scope["path"]):
         # Anthropic's clients send their key as X-Api-Key (``ANTHROPIC_API_KEY``), Bearer
         # only as an auth token: either is the tenant's key here
         key = header(scope, b"x-api-key")
@@ -168,9 +168,8 @@ class GatewayApp:
             if request_id:  # a refused completion keeps its id: the access log's line has it
                 headers.append((b"x-request-id", request_id))
             # a Messages client gets Anthropic's error object (its exception classes read it)
-            dialect = ANTHROPIC if scope["path"].startswith("/v1/messages") else OPENAI
             with contextlib.suppress(Exception):  # the response had started, or no client
-                await respond(send, status, dialect.error_body(err), headers)
+                await respond(send, status, error_for(scope["path"], err), headers)
         metrics.child(metrics.requests, endpoint, str(status)).inc()
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:

@@ -5,6 +5,7 @@ event, and the gateway does not count it as a client that went away (its
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import pytest
@@ -26,7 +27,9 @@ def _disconnects(gateway: Gateway) -> float:
     raise AssertionError("no client disconnects counter")
 
 
-def test_a_stream_cut_at_the_drain_deadline_is_not_a_client_disconnect() -> None:
+def _cut(path: str, body: dict[str, object]) -> tuple[bytes, Gateway]:
+    """A stream of ``path`` through an in-process gateway whose drain (0.5 s) begins once the
+    stream is on: what the client got, and the gateway."""
     bport, port = free_port(), free_port()
     slow = backend(bport, "m", "--token-delay", "0.2", "--tokens", "40")
     try:
@@ -44,8 +47,7 @@ def test_a_stream_cut_at_the_drain_deadline_is_not_a_client_disconnect() -> None
         async def scenario() -> bytes:
             serving = asyncio.create_task(server.serve(handle_signals=False))
             await asyncio.sleep(1.0)
-            body = {"model": "m", "prompt": "go", "stream": True}
-            url = f"http://127.0.0.1:{port}/v1/completions"
+            url = f"http://127.0.0.1:{port}{path}"
             async with aiohttp.ClientSession() as session, session.post(url, json=body) as r:
                 first = await r.content.readany()  # the stream is on
                 server.shutdown()
@@ -53,8 +55,26 @@ def test_a_stream_cut_at_the_drain_deadline_is_not_a_client_disconnect() -> None
             await serving
             return first + rest
 
-        streamed = asyncio.run(scenario())
-        assert b"the gateway is shutting down" in streamed
-        assert _disconnects(gateway) == 0
+        return asyncio.run(scenario()), gateway
     finally:
         slow.stop()
+
+
+def test_a_stream_cut_at_the_drain_deadline_is_not_a_client_disconnect() -> None:
+    streamed, gateway = _cut("/v1/completions", {"model": "m", "prompt": "go", "stream": True})
+    assert b"the gateway is shutting down" in streamed
+    assert _disconnects(gateway) == 0
+
+
+def test_a_messages_stream_cut_at_the_drain_deadline_ends_with_anthropics_error_event() -> None:
+    """The same cut on /v1/messages: an Anthropic ``error`` event, which the ``anthropic``
+    client raises, not OpenAI's ``data:`` error object, which it would not understand."""
+    body = {"model": "m", "max_tokens": 40, "stream": True,
+            "messages": [{"role": "user", "content": "go"}]}  # fmt: skip
+    streamed, _ = _cut("/v1/messages", body)
+    assert streamed.startswith(b"event: message_start"), streamed[:80]
+    last = streamed.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+    assert last.startswith(b"event: error\ndata: "), last
+    error = json.loads(last.split(b"data: ", 1)[1])
+    shutting = {"type": "overloaded_error", "message": "the gateway is shutting down"}
+    assert error == {"type": "error", "error": shutting}
