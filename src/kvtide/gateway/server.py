@@ -1,8 +1,9 @@
 """The gateway's HTTP side: a raw ASGI app over a ``Gateway``, served by ``kvtide.asgi``.
 
-Routes: the OpenAI endpoints, vLLM's tokenizer and pooling endpoints (passed through),
-``/health``, ``/ready``, ``/metrics`` and the admin API. Every refusal is an OpenAI-style
-error body from one handler and one status table (``gateway.status``); the lifespan runs
+Routes: the OpenAI endpoints, Anthropic's ``/v1/messages``, vLLM's tokenizer and pooling
+endpoints (passed through), ``/health``, ``/ready``, ``/metrics`` and the admin API. Every
+refusal is an error body from one handler and one status table (``gateway.status``), in the
+route's API's wording (OpenAI's; Anthropic's on ``/v1/messages``); the lifespan runs
 ``Gateway.lifespan`` (its ``TaskGroup`` owns the background loops). SIGTERM/SIGINT drain: new
 connections are refused at once, requests in flight get ``timeouts.drain_s``; SIGHUP reloads.
 """
