@@ -56,7 +56,13 @@ class Proc:
         self.proc = subprocess.Popen(
             args, env=_env() | (env or {}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        wait_http(ready_url, proc=self.proc)
+        try:
+            wait_http(ready_url, proc=self.proc)
+        except BaseException:
+            # no caller holds this Proc to stop it: a process that never came up is stopped
+            # here, by its PID, or it outlives the test run
+            self.stop(timeout_s=5.0)
+            raise
 
     @property
     def pid(self) -> int:
@@ -104,21 +110,26 @@ def wait_aborted(port: int, timeout_s: float = 5.0) -> dict[str, Any]:
 def emulated_engines(n: int, *extra: str) -> list[Engine]:
     """``n`` `kvtide engine` processes (20x the modelled GPU's speed) serving model ``emu``,
     each with vLLM-format KV events and a replay socket (``extra``: more flags)."""
-    out = []
-    for _ in range(n):
-        out.append(
-            start_engine(
-                "--speedup",
-                "20",
-                "--served-model-name",
-                "emu",
-                "--kv-events-port",
-                str(free_port()),
-                "--kv-events-replay-port",
-                str(free_port()),
-                *extra,
+    out: list[Engine] = []
+    try:
+        for _ in range(n):
+            out.append(
+                start_engine(
+                    "--speedup",
+                    "20",
+                    "--served-model-name",
+                    "emu",
+                    "--kv-events-port",
+                    str(free_port()),
+                    "--kv-events-replay-port",
+                    str(free_port()),
+                    *extra,
+                )
             )
-        )
+    except BaseException:  # the ones that came up are stopped, by PID
+        for engine in out:
+            engine.stop()
+        raise
     return out
 
 
