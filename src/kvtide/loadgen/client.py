@@ -70,6 +70,19 @@ def _read_usage(out: Outcome, usage: object) -> None:
         out.cached_tokens = details["cached_tokens"]
 
 
+def _took_text(out: Outcome, text: str, elapsed_s: float, last_s: float) -> float:
+    """A chunk's ``text`` (OpenAI's or Anthropic's) into ``out``: the first is the TTFT, each
+    later one an ITL; returns the time of the latest text chunk (an empty one is none)."""
+    if not text:
+        return last_s
+    if out.ttft_s is None:
+        out.ttft_s = elapsed_s
+    else:
+        out.itl_s.append(elapsed_s - last_s)
+    out.text += text
+    return elapsed_s
+
+
 def _read_anthropic_usage(out: Outcome, usage: object) -> None:
     if not isinstance(usage, dict):
         return
@@ -97,13 +110,7 @@ def _anthropic_event(
         if isinstance(delta, dict):
             parts = (delta.get("text"), delta.get("thinking"), delta.get("partial_json"))
             text = "".join(p for p in parts if isinstance(p, str))
-        if text:
-            if out.ttft_s is None:
-                out.ttft_s = elapsed_s
-            else:
-                out.itl_s.append(elapsed_s - last_s)
-            last_s = elapsed_s
-            out.text += text
+        last_s = _took_text(out, text, elapsed_s, last_s)
     elif kind == "message_start":
         message = data.get("message")
         if isinstance(message, dict):
@@ -139,14 +146,7 @@ def _apply_event(out: Outcome, data: Mapping[str, Any], elapsed_s: float, last_s
     choices = data.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         choice = choices[0]
-        text = _chunk_text(choice)
-        if text:
-            if out.ttft_s is None:
-                out.ttft_s = elapsed_s
-            else:
-                out.itl_s.append(elapsed_s - last_s)
-            last_s = elapsed_s
-            out.text += text
+        last_s = _took_text(out, _chunk_text(choice), elapsed_s, last_s)
         if isinstance(choice.get("finish_reason"), str):
             out.finish_reason = choice["finish_reason"]
     if data.get("usage") is not None:
