@@ -493,9 +493,7 @@ class Gateway:
         tenant, body, model = self._opened(authorization, raw, exchange, model_required=False)
         salt = tenant.salt if path in POOLING_PATHS else ""
         if salt or "cache_salt" in body:
-            body.pop("cache_salt", None)
-            if salt:
-                body["cache_salt"] = salt
+            _own_salt(body, salt)
             raw = orjson.dumps(body)
         assert self.proxy is not None, "the app's lifespan has not started"
         charged = self.tenants.admit(tenant, 0)
@@ -588,10 +586,7 @@ class Gateway:
         exchange: Exchange,
         api: Api,
     ) -> int:
-        # the client's cache_salt never reaches an engine: the tenant's secret salt does
-        body.pop("cache_salt", None)
-        if tenant.salt:
-            body["cache_salt"] = tenant.salt
+        _own_salt(body, tenant.salt)
         route = self.route_request(prompt, tenant, max_tokens, exchange.request_id)
         assert self.proxy is not None, "the app's lifespan has not started"
         if self.shared is not None:
@@ -828,6 +823,14 @@ async def _every(period_s: float, fn: Callable[[], Awaitable[None]]) -> None:
             raise
         except Exception:
             log.exception("background loop %s failed; continuing", fn)
+
+
+def _own_salt(body: dict[str, Any], salt: str) -> None:
+    """The client's ``cache_salt`` never reaches an engine: the tenant's secret salt does
+    (none for the keyless default tenant)."""
+    body.pop("cache_salt", None)
+    if salt:
+        body["cache_salt"] = salt
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

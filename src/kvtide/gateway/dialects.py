@@ -89,22 +89,17 @@ class AnthropicDialect(Dialect):
         return self._stop in events
 
     def usage(self, exchange: Exchange, data: bytes) -> None:
-        """The prompt is its uncached, cached and newly cached input tokens together, from
-        the last usage object in ``data``."""
-        start = data.rfind(self.usage_mark)
-        last = data[data.rfind(b'"usage"', 0, start) :] if start >= 0 else data
-        prompt = self._input.findall(last)
+        """From the last usage object in ``data`` (its counts belong together: one read may
+        hold ``message_start``'s and ``message_delta``'s): the prompt is its uncached,
+        cached and newly cached input tokens together."""
+        last = data[max(data.rfind(b'"usage"'), 0) :]
+        prompt = self._input.search(last)
         if prompt:
-            cached = self._cached.findall(last)
-            created = self._created.findall(last)
-            exchange.engine_prompt_tokens = (
-                int(prompt[-1])
-                + (int(cached[-1]) if cached else 0)
-                + (int(created[-1]) if created else 0)
-            )
-        completion = self._completion.findall(data)
+            parts = (prompt, self._cached.search(last), self._created.search(last))
+            exchange.engine_prompt_tokens = sum(int(m.group(1)) for m in parts if m)
+        completion = self._completion.search(last)
         if completion:
-            exchange.completion_tokens = int(completion[-1])
+            exchange.completion_tokens = int(completion.group(1))
 
     def error_body(self, err: ApiError) -> bytes:
         return anthropic_error_body(err)
