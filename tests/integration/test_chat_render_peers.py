@@ -9,13 +9,12 @@ turn. Skipped when that interpreter or a module is absent."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from peer_process import peer_python, run_peer
 from tests.chat_templates import tool_tokenizer
 
 from kvtide.errors import RequestError
@@ -23,7 +22,6 @@ from kvtide.gateway.prompts import PrefixTokenCache
 from kvtide.text import Tokenizer, smollm2
 from kvtide.text.chat_request import parse_chat_request
 
-PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
 SCRIPT = Path(__file__).with_name("peer_chat_render.py")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -125,22 +123,12 @@ def _vllm(
     tok: Tokenizer, template: str, bodies: list[dict], tmp: Path, anthropic: bool = False
 ) -> list[dict]:
     """vLLM's rendering of each body (``anthropic``: Messages requests, converted first)."""
-    if not PEER_PYTHON.exists():
-        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
+    peer_python()  # skipped without it, before any file is written
     (tmp / "tokenizer.json").write_text(tok.backend.to_str())
     spec = {"tokenizer_json": str(tmp / "tokenizer.json"), "special_tokens": tok.special_tokens,
             "template": template, "bodies": bodies, "anthropic": anthropic}  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [str(PEER_PYTHON), str(SCRIPT), str(tmp / "spec.json")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if proc.returncode == 3:
-        pytest.skip(f"a peer module is not importable: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out: list[dict] = json.loads(proc.stdout)
+    out: list[dict] = run_peer(SCRIPT, str(tmp / "spec.json"))
     return out
 
 

@@ -10,7 +10,6 @@ wrong name, type or order fails the decode. Skipped when that interpreter or mod
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -18,8 +17,8 @@ from pathlib import Path
 import openai
 import pytest
 from engine_process import running_engine
+from peer_process import peer_python
 
-PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
 SCRIPT = Path(__file__).with_name("peer_kv_decoder.py")
 BT = 16
 
@@ -28,14 +27,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_engine_events_decode_with_the_engines_own_classes(engine: str) -> None:
-    if not PEER_PYTHON.exists():
-        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
+    python = peer_python()
     args = ["--kv-events-port", "0", "--kv-events-format", engine, "--speedup", "50",
             "--kv-cache-tokens", "256", "--served-model-name", "emu"]  # fmt: skip
     with running_engine(*args) as e:
         assert e.events is not None
         with subprocess.Popen(
-            [str(PEER_PYTHON), str(SCRIPT), engine, e.events],
+            [str(python), str(SCRIPT), engine, e.events],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -44,7 +42,7 @@ def test_engine_events_decode_with_the_engines_own_classes(engine: str) -> None:
             try:
                 assert proc.stdout is not None and proc.stdin is not None
                 if proc.stdout.readline().strip() != "ready":
-                    pytest.skip(f"{engine}'s kv_events module is not importable by {PEER_PYTHON}")
+                    pytest.skip(f"{engine}'s kv_events module is not importable by {python}")
                 time.sleep(0.5)  # ZMQ's slow joiner: the subscription must reach the PUB
                 client = openai.OpenAI(base_url=f"{e.url}/v1", api_key="x", max_retries=0)
                 prompts = [[1000 + 7 * i + j for j in range(5 * BT + 3)] for i in range(6)]

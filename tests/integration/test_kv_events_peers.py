@@ -7,12 +7,12 @@ module is not there. Slow: importing vLLM or SGLang takes tens of seconds.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from peer_process import peer_python
 
 from kvtide.clock import ManualClock
 from kvtide.core.hashing import hash_tokens
@@ -23,7 +23,6 @@ from kvtide.state.kv_translate import EngineEventSink, EventTranslator
 from kvtide.state.kv_wire import EngineEventBatch
 from kvtide.types import ReplicaId
 
-PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
 SCRIPT = Path(__file__).with_name("peer_kv_publisher.py")
 MODULES = {
     "vllm": "vllm.distributed.kv_events",
@@ -42,8 +41,7 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_engine_publisher_classes_feed_the_index(engine: str) -> None:
-    if not PEER_PYTHON.exists():
-        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
+    python = peer_python()
     index = GlobalPrefixIndex()
     translator = EventTranslator(16, seed=7)
     sink = EngineEventSink(index, translator)
@@ -58,7 +56,7 @@ def test_engine_publisher_classes_feed_the_index(engine: str) -> None:
         pub_ep = f"tcp://127.0.0.1:{_free_port()}"
         sub = None
     with subprocess.Popen(
-        [str(PEER_PYTHON), str(SCRIPT), engine, pub_ep, replay],
+        [str(python), str(SCRIPT), engine, pub_ep, replay],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -67,7 +65,7 @@ def test_engine_publisher_classes_feed_the_index(engine: str) -> None:
         try:
             assert proc.stdout is not None and proc.stdin is not None
             if proc.stdout.readline().strip() != "ready":  # the import failed
-                pytest.skip(f"{MODULES[engine]} not importable by {PEER_PYTHON}")
+                pytest.skip(f"{MODULES[engine]} not importable by {python}")
             if sub is None:
                 sub = KvEventSubscriber(R, pub_ep, ingest, replay_endpoint=replay)
             proc.stdin.write("go\n")

@@ -6,16 +6,13 @@ module is absent."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from peer_process import run_peer
 
 from kvtide.gateway.usage import USAGE_MARK, UsageHider, ask_usage, whole_events
 
-PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
 SCRIPT = Path(__file__).with_name("peer_stream_chunks.py")
 DONE = "data: [DONE]\n\n"
 
@@ -24,15 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 @pytest.fixture(scope="module")
 def peers() -> dict:
-    if not PEER_PYTHON.exists():
-        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
-    proc = subprocess.run(
-        [str(PEER_PYTHON), str(SCRIPT)], capture_output=True, text=True, timeout=150
-    )
-    if proc.returncode == 3:
-        pytest.skip(f"a peer's protocol module is not importable: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    chunks: dict = run_peer(SCRIPT, timeout_s=150)
+    return chunks
 
 
 def _relay(stream: bytes, cut: int) -> bytes:

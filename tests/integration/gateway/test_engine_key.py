@@ -6,8 +6,6 @@ own key the gateway has accepted."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -16,12 +14,12 @@ from pathlib import Path
 import openai
 import pytest
 from engine_process import running_engine
+from peer_process import run_peer
 from tests.integration.gateway.procs import free_port, gateway, openai_client
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 KEY = "engine-secret"
-PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
 PEER_SCRIPT = Path(__file__).parents[1] / "peer_auth_middleware.py"
 
 
@@ -96,24 +94,12 @@ def test_the_engine_refuses_what_vllms_own_middleware_refuses() -> None:
     """Differential: every (path, Authorization) case through vLLM 0.33's
     ``AuthenticationMiddleware`` (the peer-libraries venv) and through ``kvtide engine
     --api-key``: the same ones refused, with the same status and body."""
-    if not PEER_PYTHON.exists():
-        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
     paths = ["/v1/models", "/v1/nothing", "/v1", "/v1x", "/v2/models", "/inference/x",
              "/cohere/x", "/health", "/metrics", "/nothing", "/V1/models"]  # fmt: skip
     headers = [None, f"Bearer {KEY}", f"bearer {KEY}", f"BEARER {KEY}", "Bearer wrong",
                f"Basic {KEY}", KEY, f"Bearer {KEY}x", "Bearer", f"Bearer  {KEY}"]  # fmt: skip
     cases = [["GET", path, h] for path in paths for h in headers]
-    proc = subprocess.run(
-        [str(PEER_PYTHON), str(PEER_SCRIPT)],
-        input=json.dumps({"key": KEY, "cases": cases}),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if proc.returncode == 3:
-        pytest.skip(f"vLLM's middleware is not importable: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr
-    vllm = json.loads(proc.stdout)
+    vllm = run_peer(PEER_SCRIPT, stdin=json.dumps({"key": KEY, "cases": cases}), timeout_s=120)
     with running_engine("--served-model-name", "emu", "--speedup", "50", "--api-key", KEY) as e:
         for (_, path, authorization), (status, body) in zip(cases, vllm, strict=True):
             refused_by_vllm = (status, json.loads(body) if status == 401 else None)

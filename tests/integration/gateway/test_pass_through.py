@@ -11,9 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import socket
-import subprocess
 import threading
 import time
 import urllib.error
@@ -24,6 +22,7 @@ from typing import Any
 
 import openai
 import pytest
+from peer_process import peer_python, run_peer
 from tests.integration.gateway.backend import embedding
 from tests.integration.gateway.conftest import KEYS, SECRET, write_keys
 from tests.integration.gateway.procs import (
@@ -40,7 +39,6 @@ from tests.integration.gateway.procs import (
 
 pytestmark = pytest.mark.timeout(90)
 
-PEER_PYTHON = Path(os.environ.get("KVTIDE_PEER_PYTHON", "/work/venvs/peerlibs/bin/python"))
 PEER_SCRIPT = Path(__file__).parents[1] / "peer_pooling_requests.py"
 
 
@@ -103,8 +101,7 @@ def test_vllms_own_request_classes_read_what_the_gateway_forwards(
     """Differential: each body the gateway sent the engines, parsed by vLLM 0.33's request
     class for its path (the peer-libraries venv): valid, with the tenant's salt where vLLM
     reads one (pooling) and none where it does not (the tokenizer)."""
-    if not PEER_PYTHON.exists():
-        pytest.skip(f"no peer-libraries interpreter at {PEER_PYTHON}")
+    peer_python()  # skipped without it, before any request
     url, backends = keyed_gateway
     asked = [
         ("/v1/embeddings", {"model": "m", "input": "text", "cache_salt": "mine"}),
@@ -118,17 +115,7 @@ def test_vllms_own_request_classes_read_what_the_gateway_forwards(
         status, headers, answer = _post(f"{url}{path}", body, KEYS["alpha"])
         assert status == 200, answer
         sent.append([path, _body_sent(backends, headers["x-request-id"])])
-    proc = subprocess.run(
-        [str(PEER_PYTHON), "-W", "ignore", str(PEER_SCRIPT)],
-        input=json.dumps(sent),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if proc.returncode == 3:
-        pytest.skip(f"vLLM's request classes are not importable: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr
-    parsed = json.loads(proc.stdout)
+    parsed = run_peer(PEER_SCRIPT, stdin=json.dumps(sent), timeout_s=120)
     assert [error for _, error in parsed] == [None] * len(asked)
     salts = [salt for salt, _ in parsed]
     tenant = hmac.new(SECRET.encode(), b"alpha", hashlib.sha256).hexdigest()[:32]
