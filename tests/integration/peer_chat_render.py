@@ -7,8 +7,10 @@ transformers), for a tokenizer and template given as files. Exit 3 when a module
 SPEC: {"tokenizer_json": PATH, "special_tokens": {...}, "template": STR, "bodies": [...]}, and
 ``"anthropic": true`` for bodies that are Anthropic Messages requests, converted first as
 vLLM's ``/v1/messages`` converts them (``to_chat_completion_request``, with the inline-system
-merge vLLM decides for the template). vLLM's ``ModelConfig`` is the one stand-in: the two
-attributes text-only parsing reads.
+merge vLLM decides for the template), or ``"responses": true`` for OpenAI Responses requests,
+converted as vLLM's ``/v1/responses`` converts them (its input messages, tool dicts and chat
+parameters). vLLM's ``ModelConfig`` is the one stand-in: the two attributes text-only parsing
+reads.
 """
 
 from __future__ import annotations
@@ -39,10 +41,14 @@ def main() -> None:
     out: list[dict[str, Any]] = []
     for body in spec["bodies"]:
         try:
-            req = convert(**body)
-            params = req.build_chat_params(template, "string")
-            conv, _, _ = parse_chat_messages(req.messages, model_config, "string")
-            tools = None if req.tools is None else [t.model_dump() for t in req.tools]
+            if spec.get("responses"):
+                messages, tools, params = _responses(body, template)
+            else:
+                req = convert(**body)
+                params = req.build_chat_params(template, "string")
+                messages = req.messages
+                tools = None if req.tools is None else [t.model_dump() for t in req.tools]
+            conv, _, _ = parse_chat_messages(messages, model_config, "string")
             kwargs = dict(params.chat_template_kwargs)
             text = safe_apply_chat_template(
                 model_config, tok, conv, tools=tools, chat_template=template, tokenize=False,
@@ -67,6 +73,23 @@ def _anthropic(template: str) -> Any:
         return Serving.to_chat_completion_request(request, merge_inline_system=merge)
 
     return convert
+
+
+def _responses(body: dict[str, Any], template: str) -> tuple[Any, Any, Any]:
+    """A Responses request body -> the messages, tools and chat parameters vLLM renders it
+    with (``OnlineRenderer.render_responses``, no previous response)."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+    from vllm.entrypoints.openai.responses.utils import (
+        construct_input_messages,
+        construct_tool_dicts,
+    )
+
+    req = ResponsesRequest(**body)
+    tools = construct_tool_dicts(req.tools, req.tool_choice)
+    messages = construct_input_messages(
+        request_instructions=req.instructions, request_input=req.input
+    )
+    return messages, tools, req.build_chat_params(template, "string")
 
 
 if __name__ == "__main__":

@@ -15,17 +15,14 @@ from typing import Any
 
 import pytest
 from tests.chat_templates import tool_tokenizer
-from tests.integration.test_chat_render_peers import _vllm, _words
+from tests.integration.test_chat_render_peers import _vllm, _words, compare_with_vllm
 
-from kvtide.errors import RequestError
-from kvtide.gateway.prompts import PrefixTokenCache
 from kvtide.text import ChatTemplate, Tokenizer, smollm2
 from kvtide.text.anthropic_request import (
     BILLING_HEADER,
     chat_body,
     template_merges_inline_system,
 )
-from kvtide.text.chat_request import parse_chat_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -146,21 +143,7 @@ def test_kvtide_renders_messages_requests_as_vllm(template: str, tmp_path: Path)
     assert merge == (template == "guarded")
     bodies = _conversations(seed=5, n=40)
     expected = _vllm(tok, source, bodies, tmp_path, anthropic=True)
-    cache = PrefixTokenCache(1_000_000)
-    rendered = 0
-    for body, want in zip(bodies, expected, strict=True):
-        try:
-            chat = chat_body(body, merge)
-            engine_req = parse_chat_request(chat, media="refuse")
-            gateway_req = parse_chat_request(chat, media="skip")
-        except RequestError as exc:  # kvtide refuses only what vLLM refuses too
-            assert "error" in want, (exc, body)
-            continue
-        if "error" in want:
-            continue
-        rendered += 1
-        assert engine_req.render(tok) == want["text"], body
-        assert cache.tokenize(tok, gateway_req).tolist() == want["ids"], body
+    rendered = compare_with_vllm(tok, bodies, expected, lambda body: chat_body(body, merge))
     assert rendered >= len(bodies) * 0.9
     joined = "".join(w.get("text", "") for w in expected)
     assert BILLING_HEADER not in joined and "<reminder>" in joined

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,16 +121,52 @@ def _conversations(seed: int, n: int) -> list[list[dict[str, Any]]]:
 
 
 def _vllm(
-    tok: Tokenizer, template: str, bodies: list[dict], tmp: Path, anthropic: bool = False
+    tok: Tokenizer,
+    template: str,
+    bodies: list[dict],
+    tmp: Path,
+    anthropic: bool = False,
+    responses: bool = False,
 ) -> list[dict]:
-    """vLLM's rendering of each body (``anthropic``: Messages requests, converted first)."""
+    """vLLM's rendering of each body (``anthropic``: Messages requests, ``responses``:
+    Responses requests, each converted first)."""
     peer_python()  # skipped without it, before any file is written
     (tmp / "tokenizer.json").write_text(tok.backend.to_str())
     spec = {"tokenizer_json": str(tmp / "tokenizer.json"), "special_tokens": tok.special_tokens,
-            "template": template, "bodies": bodies, "anthropic": anthropic}  # fmt: skip
+            "template": template, "bodies": bodies, "anthropic": anthropic,
+            "responses": responses}  # fmt: skip
     (tmp / "spec.json").write_text(json.dumps(spec))
     out: list[dict] = run_peer(SCRIPT, str(tmp / "spec.json"))
     return out
+
+
+def compare_with_vllm(
+    tok: Tokenizer,
+    bodies: list[dict],
+    expected: list[dict],
+    convert: Callable[[dict], dict] | None = None,
+) -> int:
+    """Asserts that kvtide renders (the engine) and tokenizes (the gateway's prefix cache,
+    turn after turn) each body as vLLM did (``expected``, from ``_vllm``), where neither
+    refuses it, and that kvtide refuses only what vLLM refuses; ``convert``: the body to the
+    chat request first (another API's conversion). The number of bodies compared."""
+    cache = PrefixTokenCache(1_000_000)
+    rendered = 0
+    for body, want in zip(bodies, expected, strict=True):
+        try:
+            chat = body if convert is None else convert(body)
+            engine_req = parse_chat_request(chat, media="refuse")
+            gateway_req = parse_chat_request(chat, media="skip")
+        except RequestError as exc:  # kvtide refuses only what vLLM refuses too
+            assert "error" in want, (exc, body)
+            continue
+        if "error" in want:  # vLLM refuses more (its own checks): nothing to compare
+            continue
+        rendered += 1
+        assert engine_req.render(tok) == want["text"], body
+        assert cache.tokenize(tok, gateway_req).tolist() == want["ids"], body
+    assert cache.hits > 0  # the conversations' turns reused their earlier messages' tokens
+    return rendered
 
 
 @pytest.mark.parametrize("template", ["tools", "smollm2"])
@@ -139,24 +176,8 @@ def test_kvtide_renders_and_tokenizes_chats_as_vllm(template: str, tmp_path: Pat
     convs = _conversations(seed=11, n=40)
     bodies = [body for conv in convs for body in conv]
     expected = _vllm(tok, tok.chat_template.source, bodies, tmp_path)
-    cache = PrefixTokenCache(1_000_000)
-    rendered = 0
-    for body, want in zip(bodies, expected, strict=True):
-        try:
-            engine_req = parse_chat_request(body, media="refuse")
-            gateway_req = parse_chat_request(body, media="skip")
-        except RequestError as exc:  # kvtide refuses only what vLLM refuses too
-            assert "error" in want, (exc, body)
-            continue
-        if "error" in want:  # vLLM refuses more (its own checks): nothing to compare
-            continue
-        rendered += 1
-        text = engine_req.render(tok)
-        assert text == want["text"], body
-        # the gateway: what its prefix cache gives turn after turn, hits included
-        assert cache.tokenize(tok, gateway_req).tolist() == want["ids"], body
+    rendered = compare_with_vllm(tok, bodies, expected)
     assert rendered >= len(bodies) * 0.9  # the cases reached the template, not vLLM's refusals
-    assert cache.hits > 0
     if template == "tools":  # the cases exercised what the tool template reads
         joined = "".join(w.get("text", "") for w in expected)
         for piece in ("Tools:", "<call>tool_0 {}", '<call>tool_0 {"q"', "Documents:", "<think>"):
