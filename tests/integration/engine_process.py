@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -11,10 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -22,6 +26,17 @@ from kvtide.cli.processes import free_port
 from kvtide.engine_server.server import EngineServer, ServerConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def post_json(url: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """POSTs ``body`` as JSON; the status and the JSON answer, an error's too."""
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
 
 
 @dataclass

@@ -4,29 +4,13 @@ usage with the cached input apart, errors as Anthropic error objects."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-from typing import Any
-
 import anthropic
 import pytest
-from engine_process import running_engine
+from engine_process import post_json, running_engine
 
 pytestmark = pytest.mark.timeout(120)
 
 SYSTEM = "You are a careful coding agent working in a large repository. " * 10
-
-
-def _post(url: str, body: Any) -> tuple[int, Any]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
-            return resp.status, json.load(resp)
-    except urllib.error.HTTPError as err:
-        return err.code, json.load(err)
 
 
 def test_messages_whole_and_streamed_with_usage_and_stops() -> None:
@@ -79,12 +63,12 @@ def test_messages_errors_are_anthropic_error_objects() -> None:
     with running_engine("--served-model-name", "emu", "--speedup", "50") as e:
         url = f"{e.url}/v1/messages"
         said = [{"role": "user", "content": "hi"}]
-        status, body = _post(url, {"model": "nope", "max_tokens": 5, "messages": said})
+        status, body = post_json(url, {"model": "nope", "max_tokens": 5, "messages": said})
         assert status == 404 and body["error"]["type"] == "not_found_error", body
-        status, body = _post(url, {"model": "emu", "messages": said})
+        status, body = post_json(url, {"model": "emu", "messages": said})
         assert status == 400 and body == {
             "type": "error",
             "error": {"type": "invalid_request_error", "message": "'max_tokens' is required"},
         }
-        status, body = _post(url, {"model": "emu", "max_tokens": 5, "messages": [{"role": 1}]})
+        status, body = post_json(url, {"model": "emu", "max_tokens": 5, "messages": [{"role": 1}]})
         assert status == 400 and "role" in body["error"]["message"], body

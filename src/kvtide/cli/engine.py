@@ -128,6 +128,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="as vLLM's: /v1 wants one of these as its bearer token (repeatable; default "
         "$VLLM_API_KEY)",
     )  # fmt: skip
+    p.add_argument(
+        "--responses-store", action="store_true",
+        help="keep /v1/responses answers for previous_response_id and GET /v1/responses/ID, "
+        "as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1 (the default: that variable)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -160,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         records=args.records,
         api_keys=_api_keys(args.api_key),
+        responses_store=args.responses_store
+        or os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0"),
     )
     check_writable(args.records, "--records")
     _log_alerts()

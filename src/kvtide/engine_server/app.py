@@ -56,13 +56,24 @@ from kvtide.engine_server.protocol import (
     parse_completion,
     parse_detokenize,
     parse_messages,
+    parse_responses,
     parse_tokenize,
     usage,
+)
+from kvtide.engine_server.responses import (
+    ResponseEvents,
+    ResponseStore,
+    Stored,
+    item_status,
+    message_item,
+    response_body,
+    responses_usage,
 )
 from kvtide.engine_server.stream import RequestStream
 from kvtide.errors import CapacityError, ConfigError
 from kvtide.text import Tokenizer, anthropic_request
 from kvtide.text.chat_request import ChatRequest
+from kvtide.text.responses_request import stored_history
 
 log = logging.getLogger("kvtide.engine_server")
 
@@ -117,6 +128,9 @@ class ApiLimits:
     api_keys: tuple[str, ...] = ()
     """vLLM's ``--api-key``: a request under ``/v1`` without one of them as its bearer token
     gets vLLM's 401 (``/health``, ``/metrics`` and ``/tokenize`` stay open, as vLLM's)."""
+    responses_store: bool = False
+    """Keep ``/v1/responses`` answers for ``previous_response_id`` and ``GET
+    /v1/responses/{id}`` (vLLM's ``VLLM_ENABLE_RESPONSES_API_STORE``)."""
 
 
 class EngineApp:
@@ -141,6 +155,7 @@ class EngineApp:
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/messages"): self._messages,
+            ("POST", RESPONSES): self._responses,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
@@ -154,6 +169,7 @@ class EngineApp:
         self._merge_inline_system = anthropic_request.template_merges_inline_system(
             None if template is None else template.source
         )
+        self._store = ResponseStore() if limits.responses_store else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -167,6 +183,8 @@ class EngineApp:
             await respond(send, 401, b'{"error":"Unauthorized"}', JSON)
             return
         handler = self._routes.get((scope["method"], scope["path"]))
+        if handler is None and scope["path"].startswith(RESPONSES + "/"):
+            handler = self._stored
         try:
             if handler is None:
                 if scope["path"] in self._paths:
@@ -277,7 +295,56 @@ class EngineApp:
         body = await self._json(scope, receive)
         await self._generate(parse_messages(body, self._merge_inline_system), receive, send)
 
-    async def _generate(self, gen: Generation, receive: Receive, send: Send) -> None:
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self._json(scope, receive)
+        history: list[dict[str, Any]] = []
+        previous = body.get("previous_response_id") if isinstance(body, dict) else None
+        if previous is not None:
+            stored = self._stored_answer(previous)
+            history = stored_history(stored.messages, stored.output_text)
+        if isinstance(body, dict) and body.get("background"):
+            raise bad_request(
+                "This engine does not support the background mode (kvtide engine answers "
+                "/v1/responses in the request)",
+                "background",
+            )
+        await self._generate(parse_responses(body, history), receive, send, body)
+
+    def _stored_answer(self, response_id: object) -> Stored:
+        """The answer kept under ``response_id``: vLLM's 404 where there is none (the store
+        off, as vLLM's is by default, or the id unknown)."""
+        stored = None
+        if self._store is not None and isinstance(response_id, str):
+            stored = self._store.get(response_id)
+        if stored is None:
+            raise ApiError(
+                NOT_FOUND, f"Response with id '{response_id}' not found.", param="response_id"
+            )
+        return stored
+
+    async def _stored(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``GET /v1/responses/{id}`` (the answer as it was given) and ``POST
+        /v1/responses/{id}/cancel`` (vLLM's refusal: only background answers cancel, and
+        this engine answers none in the background)."""
+        rest = scope["path"][len(RESPONSES) + 1 :]
+        cancel = rest.endswith("/cancel")
+        response_id = rest.removesuffix("/cancel")
+        if not response_id or "/" in response_id:
+            raise ApiError(NOT_FOUND, f"no route {scope['path']}")
+        if scope["method"] != ("POST" if cancel else "GET"):
+            raise ApiError(METHOD_NOT_ALLOWED, f"method {scope['method']} not allowed")
+        stored = self._stored_answer(response_id)
+        if cancel:
+            raise bad_request("Cannot cancel a synchronous response.", "response_id")
+        await respond(send, 200, stored.body, JSON)
+
+    async def _generate(
+        self,
+        gen: Generation,
+        receive: Receive,
+        send: Send,
+        request: dict[str, Any] | None = None,
+    ) -> None:
         lim = self.limits
         self._check_model(gen.model)
         if self.draining:
@@ -339,6 +406,9 @@ class EngineApp:
         try:
             if gen.kind == "messages":
                 await self._message(gen, rid, stream, send)
+            elif gen.kind == "responses":
+                assert request is not None
+                await self._response(gen, rid, stream, send, request)
             elif gen.stream:
                 await self._stream(gen, rid, stream, send, echo)
             else:
@@ -435,6 +505,55 @@ class EngineApp:
             if out:
                 await send_chunk(send, b"".join(out))
 
+    async def _response(
+        self,
+        gen: Generation,
+        rid: str,
+        stream: RequestStream,
+        send: Send,
+        request: dict[str, Any],
+    ) -> None:
+        """A Responses request's answer: whole, or streamed as the Responses events; kept
+        in the store where it is on and the request does not opt out."""
+        model, created = self.limits.served_model_name, int(epoch_s())
+        item_id = f"msg_{rid}"
+        events: ResponseEvents | None = None
+        if gen.stream:
+            events = ResponseEvents(item_id)
+            opening = response_body(rid, created, model, request, [], "in_progress", None)
+            await send({"type": "http.response.start", "status": 200, "headers": SSE})
+            await send_chunk(send, events.start(opening))  # at once, as vLLM: before any work
+            while True:
+                taken = await stream.take()
+                finished = stream.is_finished  # read once, as in _message
+                if stream.finish_reason == "abort":
+                    return  # the client went away
+                out = b"".join(events.text(t) for t in taken if t)
+                if finished:
+                    break
+                if out:
+                    await send_chunk(send, out)
+            text = events.text_sent
+        else:
+            out = b""
+            whole = await _whole_text(stream)
+            if whole is None:
+                return  # the client went away
+            text = whole
+        status = item_status(_finish(stream))
+        output = [message_item(item_id, text, status)] if text else []
+        use = responses_usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+        final = response_body(rid, created, model, request, output, status, use)
+        dumped = orjson.dumps(final)
+        if self._store is not None and request.get("store", True) is not False:
+            assert gen.chat is not None
+            self._store.put(rid, Stored(gen.chat.messages, text, dumped))
+        if events is None:
+            await respond(send, 200, dumped, JSON)
+        else:
+            body = out + events.end(final)
+            await send({"type": "http.response.body", "body": body})
+
     def _echo(self, gen: Generation, ids: list[int]) -> str:
         """What a completion with ``echo`` puts before its output, as vLLM: the prompt's text
         as sent, or its token ids decoded."""
@@ -495,7 +614,13 @@ class EngineApp:
         return ids
 
 
-_ID_PREFIXES = {"completion": "cmpl-", "chat": "chatcmpl-", "messages": "msg_"}
+_ID_PREFIXES = {
+    "completion": "cmpl-",
+    "chat": "chatcmpl-",
+    "responses": "resp_",
+    "messages": "msg_",
+}
+RESPONSES = "/v1/responses"
 
 
 async def _whole_text(stream: RequestStream) -> str | None:

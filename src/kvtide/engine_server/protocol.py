@@ -12,17 +12,17 @@ are refused when they ask for something.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvtide.asgi import ApiError
 from kvtide.engine_server.api_errors import bad_request
 from kvtide.errors import RequestError
-from kvtide.text import anthropic_request
+from kvtide.text import anthropic_request, responses_request
 from kvtide.text.chat_request import ChatRequest, parse_chat_request
 
-Kind = Literal["completion", "chat", "messages"]
+Kind = Literal["completion", "chat", "responses", "messages"]
 
 _NUMBER_FIELDS = (
     "temperature",
@@ -258,16 +258,12 @@ def parse_messages(body: object, merge_inline_system: bool) -> Generation:
         not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)
     ):
         raise bad_request("'stop_sequences' must be an array of strings", "stop_sequences")
-    try:
-        chat = anthropic_request.chat_body(body, merge_inline_system)
-    except RequestError as exc:
-        raise bad_request(str(exc), exc.param) from None
     return Generation(
         kind="messages",
         model=model,
         prompt_text=None,
         prompt_ids=None,
-        chat=_chat_request(chat),
+        chat=_converted(anthropic_request.chat_body, body, merge_inline_system),
         max_tokens=max_tokens,
         stream=_opt_bool(body, "stream", False),
         include_usage=True,
@@ -275,6 +271,41 @@ def parse_messages(body: object, merge_inline_system: bool) -> Generation:
         ignore_eos=False,
         cache_salt=_cache_salt(body),
     )
+
+
+def parse_responses(body: object, history: Sequence[dict[str, Any]] = ()) -> Generation:
+    """``POST /v1/responses`` (OpenAI's Responses API): converted to the chat request vLLM
+    renders (``kvtide.text.responses_request``, as the gateway converts it; ``history``: the
+    stored conversation its ``previous_response_id`` names), its ``max_output_tokens``,
+    ``stream``, and vLLM's extras ``stop``, ``cache_salt`` and ``priority``."""
+    body = _object(body)
+    if "input" not in body:
+        raise bad_request("'input' is required", "input")
+    return Generation(
+        kind="responses",
+        model=_opt_str(body, "model"),
+        prompt_text=None,
+        prompt_ids=None,
+        chat=_converted(responses_request.chat_body, body, history),
+        max_tokens=_opt_positive_int(body, "max_output_tokens"),
+        stream=_opt_bool(body, "stream", False),
+        include_usage=True,
+        stop=_stop(body),
+        ignore_eos=_opt_bool(body, "ignore_eos", False),
+        cache_salt=_cache_salt(body),
+        priority=_priority(body),
+        max_tokens_param="max_output_tokens",
+    )
+
+
+def _converted(convert: Callable[..., dict[str, Any]], *args: Any) -> ChatRequest:
+    """The template's inputs of a request another API's ``convert`` turns into a chat
+    request as vLLM does; a 400 naming the field where it is malformed."""
+    try:
+        chat = convert(*args)
+    except RequestError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    return _chat_request(chat)
 
 
 def _chat_request(body: Mapping[str, Any]) -> ChatRequest:

@@ -73,6 +73,8 @@ class ServerConfig:
     """Each finished request's ``RequestRecord`` (engine clock) as a JSON line, emulated only."""
     api_keys: tuple[str, ...] = ()
     """vLLM's ``--api-key`` (``VLLM_API_KEY``): ``/v1`` wants one of them as a bearer token."""
+    responses_store: bool = False
+    """Keep ``/v1/responses`` answers (vLLM's ``VLLM_ENABLE_RESPONSES_API_STORE``)."""
 
     @property
     def name(self) -> str:
@@ -157,6 +159,7 @@ def _limits(config: ServerConfig, max_model_len: int) -> ApiLimits:
         max_waiting=config.max_waiting,
         priority_scheduling=config.scheduling_policy == "priority",
         api_keys=config.api_keys,
+        responses_store=config.responses_store,
     )
 
 
