@@ -26,7 +26,7 @@ from kvtide.errors import KvtideError, RequestError
 from kvtide.gateway.access_log import AccessLog, Exchange
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.config import GatewayConfig, Limits, ReplicaSpec, load_config
-from kvtide.gateway.dialects import ANTHROPIC, OPENAI
+from kvtide.gateway.dialects import ANTHROPIC, OPENAI, RESPONSES, Dialect
 from kvtide.gateway.heads import RoutedHeads
 from kvtide.gateway.health import HealthChecker
 from kvtide.gateway.intake import EventIntake
@@ -34,6 +34,7 @@ from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.prompts import Prompt, PromptHasher, PromptTokenizer
 from kvtide.gateway.proxy import Proxy
 from kvtide.gateway.replicas import Replica, ReplicaSet
+from kvtide.gateway.response_homes import ResponseHomes
 from kvtide.gateway.shared import SharedState
 from kvtide.gateway.status import (
     BAD_REQUEST,
@@ -52,13 +53,23 @@ from kvtide.routing.identity import namespace_seed
 from kvtide.routing.router import Router
 from kvtide.routing.shadow import ShadowFleet
 from kvtide.routing.specs import build_policy, parse_router
-from kvtide.text import anthropic_request, load_tokenizer
+from kvtide.text import anthropic_request, load_tokenizer, responses_request
 from kvtide.types import BlockHash, ReplicaId, Tier
 
 log = logging.getLogger("kvtide.gateway")
 
-Api = Literal["chat", "completions", "messages"]
-"""A completion's API: OpenAI's chat or text completions, Anthropic's Messages."""
+Api = Literal["chat", "completions", "responses", "messages"]
+"""A completion's API: OpenAI's chat or text completions or Responses, Anthropic's Messages."""
+
+_DIALECTS: dict[Api, Dialect] = {
+    "chat": OPENAI,
+    "completions": OPENAI,
+    "responses": RESPONSES,
+    "messages": ANTHROPIC,
+}
+_CONVERTED = ("responses", "messages")
+"""The APIs vLLM serves by converting a request to a chat completion, whose streams carry
+their usage unasked."""
 
 POOLING_PATHS = (
     "/v1/embeddings",
@@ -128,6 +139,8 @@ class Gateway:
             self.clock,
             cap=config.limits.max_in_flight_per_replica,
         )
+        self.homes = ResponseHomes()
+        """The engine of each Responses answer passed on, for the requests naming it."""
         for spec in config.replicas:
             self.replicas.add(spec)
         self.admission = Admission(
@@ -194,6 +207,7 @@ class Gateway:
                 shadow_ttl_s=None if self.prompts.is_exact else SHADOW_TTL_S,
             )
             self.tenants.shared = True  # tokens per minute held across the replicas
+            self.homes.on_record = self.shared.record_home
         self.pool: UpstreamPool | None = None
         self.proxy: Proxy | None = None
         self.checker: HealthChecker | None = None
@@ -276,14 +290,23 @@ class Gateway:
         return route
 
     def choose(
-        self, route: RouteRequest, model: str, exclude: ReplicaId | None = None
+        self,
+        route: RouteRequest,
+        model: str,
+        exclude: ReplicaId | None = None,
+        home: ReplicaId | None = None,
     ) -> tuple[Replica, RouteDecision] | None:
         """The replica for ``route`` among those serving ``model`` that can take it now
-        (``None``: none can); counted in the metrics and, in text mode, in the shadow."""
-        cands = self.replicas.candidates(model, exclude=exclude)
+        (``None``: none can); counted in the metrics and, in text mode, in the shadow.
+        ``home``: the one replica able to answer it (it holds the stored response the
+        request continues), chosen while it is up, whatever its load or the cap."""
+        pinned = self.replicas.home(home, model, exclude)
+        cands = [pinned] if pinned is not None else self.replicas.candidates(model, exclude)
         if not cands:
             return None
         decision = self.router.route(route, [c.state for c in cands])
+        if pinned is not None:
+            decision = dataclasses.replace(decision, reason="previous_response")
         replica = self.replicas.by_id[decision.replica]
         self.metrics.child(self.metrics.decisions, replica.replica_id, decision.reason).inc()
         if decision.cached_tokens:
@@ -323,6 +346,7 @@ class Gateway:
             task.cancel()
             self.task_group.create_task(_retire(task, intake))
         self.index.clear_replica(replica_id)
+        self.homes.forget(replica_id)
         if self.shared is not None:
             self.shared.forget(replica_id)
         self.telemetry.forget(replica_id)
@@ -444,15 +468,20 @@ class Gateway:
             raise ApiError(BAD_REQUEST, "'stream' must be a boolean", "stream")
         exchange.stream = stream
         if stream:
-            # vLLM's Messages streams carry their usage unasked
-            exchange.hide_usage = api != "messages" and ask_usage(body)
+            exchange.hide_usage = api not in _CONVERTED and ask_usage(body)
             exchange.count_output = tenant.tokens_per_minute > 0
+        home: ReplicaId | None = None
         if api == "messages":
             chat = self._messages_as_chat(body)
-            max_tokens = _max_tokens(body, False)
+            max_tokens = _max_tokens(body, api)
             prompt = self.prompt(chat, True, self.seed(model, tenant.salt))
+        elif api == "responses":
+            chat = self._responses_as_chat(body)
+            max_tokens = _max_tokens(body, api)
+            prompt = self.prompt(chat, True, self.seed(model, tenant.salt))
+            home = await self._home_of(body.get("previous_response_id"), tenant)
         else:
-            max_tokens = _max_tokens(body, api == "chat")
+            max_tokens = _max_tokens(body, api)
             prompt = self.prompt(body, api == "chat", self.seed(model, tenant.salt))
         exchange.prompt_tokens = prompt.prompt_tokens
         exchange.tokenized = self.prompts.is_exact and prompt.whole is None
@@ -460,7 +489,7 @@ class Gateway:
         status: int | None = None
         try:
             status = await self._forward(
-                send, path, body, tenant, prompt, model, stream, max_tokens, exchange, api
+                send, path, body, tenant, prompt, model, stream, max_tokens, exchange, api, home
             )
             return status
         finally:
@@ -476,6 +505,36 @@ class Gateway:
             return anthropic_request.chat_body(body, self._merge_inline_system)
         except RequestError as exc:
             raise ApiError(BAD_REQUEST, str(exc), exc.param) from None
+
+    def _responses_as_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A Responses request as the chat request its engine renders (vLLM converts it
+        so); a 400 naming the field where it is malformed. With ``previous_response_id`` the
+        engine renders the stored conversation before it: this is the new part only, and the
+        request goes to the engine holding the rest (``homes``)."""
+        if "input" not in body:
+            raise ApiError(BAD_REQUEST, "'input' is required", "input")
+        try:
+            return responses_request.chat_body(body)
+        except RequestError as exc:
+            raise ApiError(BAD_REQUEST, str(exc), exc.param) from None
+
+    async def _home_of(self, response_id: object, tenant: Tenant) -> ReplicaId | None:
+        """The replica holding ``response_id`` (a stored Responses answer), if this gateway
+        or, with ``--state redis``, another passed it on; a 404 where it was another
+        tenant's."""
+        home = self.homes.get(response_id)
+        if home is None and self.shared is not None and isinstance(response_id, str):
+            home = await self.shared.home(response_id)
+            if home is not None:
+                self.homes.learn(response_id, *home)
+        if home is None:
+            return None
+        replica, owner = home
+        if owner != tenant.name:
+            raise ApiError(
+                NOT_FOUND, f"Response with id '{response_id}' not found.", "previous_response_id"
+            )
+        return replica
 
     async def pass_through(
         self,
@@ -505,6 +564,29 @@ class Gateway:
             self.tenants.settle(tenant, charged, prompt_tokens)
             if prompt_tokens:
                 self._count_usage(tenant.name, prompt_tokens, 0, None)
+
+    async def stored_response(
+        self,
+        send: Send,
+        method: str,
+        path: str,
+        response_id: str,
+        authorization: str | None,
+        exchange: Exchange,
+    ) -> int:
+        """Answers a request for a stored Responses answer (``GET /v1/responses/{id}``, its
+        ``/cancel``) from the engine holding it: a 404 where this gateway passed no such
+        answer on for the tenant, or its engine is down (the answer went with it)."""
+        if self.draining:
+            raise ApiError(UNAVAILABLE, "the gateway is draining", retry_after_s=1.0)
+        tenant = self.tenants.authenticate(authorization)
+        exchange.tenant = tenant.name
+        home = await self._home_of(response_id, tenant)
+        replica = None if home is None else self.replicas.get(home)
+        if replica is None or not replica.is_up:
+            raise ApiError(NOT_FOUND, f"Response with id '{response_id}' not found.")
+        assert self.proxy is not None, "the app's lifespan has not started"
+        return await self.proxy.stored(send, replica, method, path, exchange)
 
     def _opened(
         self, authorization: str | None, raw: bytes, exchange: Exchange, model_required: bool
@@ -585,6 +667,7 @@ class Gateway:
         max_tokens: int,
         exchange: Exchange,
         api: Api,
+        home: ReplicaId | None,
     ) -> int:
         _own_salt(body, tenant.salt)
         route = self.route_request(prompt, tenant, max_tokens, exchange.request_id)
@@ -593,8 +676,9 @@ class Gateway:
             match = await self.shared.match(prompt.hashes)
             if match is not None:
                 route = dataclasses.replace(route, prefix_match=match)
-        dialect = ANTHROPIC if api == "messages" else OPENAI
-        return await self.proxy.forward(send, path, body, route, model, stream, exchange, dialect)
+        return await self.proxy.forward(
+            send, path, body, route, model, stream, exchange, _DIALECTS[api], home
+        )
 
     # --- admin -----------------------------------------------------------------------------
 
@@ -750,6 +834,7 @@ class Gateway:
             self.clock.now,
             self.choose,
             self.admission,
+            self.homes,
         )
         self.checker = HealthChecker(
             self.replicas, pool, self.clock.now, t.health_s, self._on_down, self._on_up
@@ -775,6 +860,7 @@ class Gateway:
                 if self.shared is not None:
                     await self._maintain_shared()
                     loops.append(tg.create_task(_every(1.0, self._maintain_shared)))
+                    loops.append(tg.create_task(self.shared.write_homes()))
                     if self.shared.shadow:
                         loops.append(tg.create_task(self.shared.write_decisions()))
                 yield
@@ -843,13 +929,14 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _max_tokens(body: dict[str, Any], is_chat: bool) -> int:
+def _max_tokens(body: dict[str, Any], api: Api) -> int:
     """The completion tokens a request may take, read as the engines read them: a chat
     request's ``max_completion_tokens``, else its ``max_tokens``; a completion's
-    ``max_tokens`` alone (vLLM and kvtide engine ignore ``max_completion_tokens`` there).
-    Unset: 16, a completion's default, and for chat an estimate that the request is
-    settled on once its tokens are known (``Gateway._settle``)."""
-    for key in _MAX_TOKENS_KEYS[is_chat]:
+    ``max_tokens`` alone (vLLM and kvtide engine ignore ``max_completion_tokens`` there); a
+    Responses request's ``max_output_tokens``. Unset: 16, a completion's default, and
+    otherwise an estimate that the request is settled on once its tokens are known
+    (``Gateway._settle``)."""
+    for key in _MAX_TOKENS_KEYS[api]:
         value = body.get(key)
         if value is None:
             continue
@@ -859,5 +946,10 @@ def _max_tokens(body: dict[str, Any], is_chat: bool) -> int:
     return 16
 
 
-_MAX_TOKENS_KEYS = {True: ("max_completion_tokens", "max_tokens"), False: ("max_tokens",)}
-"""Where each endpoint's engine reads its token limit, by ``is_chat``."""
+_MAX_TOKENS_KEYS: dict[Api, tuple[str, ...]] = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "completions": ("max_tokens",),
+    "responses": ("max_output_tokens",),
+    "messages": ("max_tokens",),
+}
+"""Where each API's engine reads its token limit."""

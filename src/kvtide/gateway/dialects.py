@@ -1,18 +1,22 @@
 """What the proxy reads of an engine's answers, and how it words its own errors, per API:
-OpenAI's (``/v1/chat/completions``, ``/v1/completions`` and the passed-through endpoints) and
-Anthropic's Messages API (``/v1/messages``, which vLLM serves by converting each request to
-a chat completion: ``kvtide.text.anthropic_request``).
+OpenAI's chat and completions (``/v1/chat/completions``, ``/v1/completions`` and the
+passed-through endpoints), OpenAI's Responses API (``/v1/responses``) and Anthropic's
+Messages API (``/v1/messages``); vLLM serves the last two by converting each request to a chat
+completion (``kvtide.text.responses_request``, ``kvtide.text.anthropic_request``).
 
 The engine's usage gives the cached tokens (the index's check), the prompt and completion
-tokens (the tenant's charge, the access log); the end of a stream (OpenAI's ``data: [DONE]``,
-Anthropic's ``message_stop`` event) is when the client has its whole answer; an error the
-gateway writes is the API's error object, so the API's own client raises the matching
-exception with the gateway's message.
+tokens (the tenant's charge, the access log); a stream's first events that carry no output
+are not the end of the prefill; the end of a stream (OpenAI's ``data: [DONE]``, a Responses
+stream's ``response.completed``, Anthropic's ``message_stop`` event) is when the client has
+its whole answer; an error the gateway writes is the API's error object, so the API's own
+client raises the matching exception with the gateway's message.
 """
 
 from __future__ import annotations
 
 import re
+
+import orjson
 
 from kvtide.asgi.api_errors import (
     ANTHROPIC_PATH,
@@ -48,6 +52,39 @@ class Dialect:
     def cached(self, data: bytes) -> int | None:
         m = self._cached.search(data)
         return int(m.group(1)) if m else None
+
+    def no_output(self, events: bytes) -> bool:
+        """Whether ``events`` (a stream's whole events) carry no output yet: SSE comments
+        only (a keep-alive), or one event that only opens the assistant's message (a
+        ``delta`` with its ``role`` and nothing else but empty fields). vLLM sends the role
+        with the first output, after the prefill; an engine that sends it (or a keep-alive)
+        before any work must not end the prefill in the router's load view (the queue the
+        ``cost`` policy estimates would then read empty). Asked only until a request's
+        prefill is done: one or two reads."""
+        count = events.count(b"data:")
+        if count == 0:
+            return True
+        if count != 1 or b'"role"' not in events:
+            return False
+        try:
+            event = orjson.loads(events.partition(b"data:")[2])
+        except orjson.JSONDecodeError:
+            return False
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if not isinstance(choices, list) or not choices:
+            return False
+        for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict) or choice.get("finish_reason"):
+                return False
+            if any(value for key, value in delta.items() if key != "role"):
+                return False
+        return True
+
+    def response_id(self, data: bytes) -> str | None:
+        """The id an engine keeps the answer under for later requests to name (a Responses
+        answer's); None for APIs without one."""
+        return None
 
     def usage(self, exchange: Exchange, data: bytes) -> None:
         """The engine's own counts, where ``data`` has a ``usage`` object, into the access
@@ -109,5 +146,47 @@ class AnthropicDialect(Dialect):
         return error_event_for(ANTHROPIC_PATH, err)
 
 
+class ResponsesDialect(Dialect):
+    """OpenAI's Responses API as vLLM serves it: usage ``{input_tokens, input_tokens_details:
+    {cached_tokens}, output_tokens}`` (input tokens include the cached ones) in the final
+    response only; streams of named events (``event: response.output_text.delta``...), the
+    first two (``response.created``, ``response.in_progress``) sent before any work, the last
+    ``response.completed`` (``response.incomplete`` at the token limit, ``response.failed``)
+    with no ``[DONE]`` after it; errors as OpenAI's. The response's ``id`` names it for a
+    later request's ``previous_response_id``."""
+
+    name = "responses"
+    usage_mark = b'"input_tokens_details"'  # a final usage; response.created's is null
+    _ends = (b"event: response.completed\n", b"event: response.incomplete\n",
+             b"event: response.failed\n")  # fmt: skip
+    _prompt = re.compile(rb'"input_tokens"\s*:\s*(\d+)')
+    _completion = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
+    _id = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
+    _silent = frozenset((b"response.created", b"response.in_progress", b"response.queued"))
+
+    def done(self, events: bytes) -> bool:
+        return any(end in events for end in self._ends)
+
+    def no_output(self, events: bytes) -> bool:
+        """Only the events vLLM sends before any work (or comments)."""
+        for event in events.split(b"\n\n"):
+            kind = None
+            for line in event.split(b"\n"):
+                if line.startswith(b"event:"):
+                    kind = line[6:].strip()
+                elif line.startswith(b"data:") and kind is None:
+                    return False  # an unnamed event: the proxy cannot tell, so output
+            if kind is not None and kind not in self._silent:
+                return False
+        return True
+
+    def response_id(self, data: bytes) -> str | None:
+        """The response's id: the first ``id`` of a whole answer (its own, first in vLLM's
+        dump) or of the ``response.created`` event a stream opens with."""
+        m = self._id.search(data)
+        return m.group(1).decode() if m else None
+
+
 OPENAI = Dialect()
+RESPONSES = ResponsesDialect()
 ANTHROPIC = AnthropicDialect()

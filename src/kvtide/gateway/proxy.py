@@ -36,6 +36,7 @@ from kvtide.gateway.admission import Admission
 from kvtide.gateway.dialects import OPENAI, Dialect
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
+from kvtide.gateway.response_homes import ResponseHomes
 from kvtide.gateway.status import BAD_GATEWAY, ApiError
 from kvtide.gateway.upstream import Response, UpstreamPool
 from kvtide.gateway.usage import OutputCounter, UsageHider, whole_events
@@ -111,8 +112,9 @@ class Proxy:
         pool: UpstreamPool,
         metrics: GatewayMetrics,
         now_s: Callable[[], float],
-        choose: Callable[[RouteRequest, str, ReplicaId | None], Chosen | None],
+        choose: Callable[[RouteRequest, str, ReplicaId | None, ReplicaId | None], Chosen | None],
         admission: Admission,
+        homes: ResponseHomes,
     ) -> None:
         self.replicas = replicas
         self.router = router
@@ -122,6 +124,8 @@ class Proxy:
         self.choose = choose
         """The gateway's routing step (``Gateway.choose``): candidates, router, metrics."""
         self.admission = admission
+        self.homes = homes
+        """Where each Responses answer passed on is kept (its engine)."""
 
     async def forward(
         self,
@@ -133,10 +137,12 @@ class Proxy:
         stream: bool,
         exchange: Exchange,
         dialect: Dialect = OPENAI,
+        home: ReplicaId | None = None,
     ) -> int:
         """Answers the client through ``send`` (``body``: the request as the engine gets it,
         in ``dialect``'s API); the HTTP status it got. ``exchange`` has the arrival and gets
-        the route taken."""
+        the route taken. ``home``: the replica holding what the request builds on (its
+        ``previous_response_id``), which takes it while it can."""
         arrival_s = exchange.arrival_s
         tried = None
         last: _Failed | None = None
@@ -145,7 +151,7 @@ class Proxy:
         while attempt < 2:
             # under a cap per replica: wait for room, then route at once (no await between)
             await self.admission.wait(model, tried)
-            chosen = self.choose(route, model, tried)
+            chosen = self.choose(route, model, tried, home)
             if chosen is None:
                 break
             replica, decision = chosen
@@ -219,15 +225,35 @@ class Proxy:
                 self._failed_attempt(replica, failed, exchange, attempt)
         _give_up(last, model)
 
+    async def stored(
+        self, send: Send, replica: Replica, method: str, path: str, exchange: Exchange
+    ) -> int:
+        """Answers a request about a stored answer from ``replica``, the one holding it: no
+        failover (no other engine has it)."""
+        exchange.attempts += 1
+        exchange.replica = replica.replica_id
+        exchange.route = "previous_response"
+        try:
+            return await self._pass_once(send, replica, path, b"", exchange, method.encode())
+        except _Failed as failed:
+            self._failed_attempt(replica, failed, exchange, 1)
+            _give_up(failed, exchange.model or "")
+
     async def _pass_once(
-        self, send: Send, replica: Replica, path: str, payload: bytes, exchange: Exchange
+        self,
+        send: Send,
+        replica: Replica,
+        path: str,
+        payload: bytes,
+        exchange: Exchange,
+        method: bytes = b"POST",
     ) -> int:
         replica.in_flight += 1
         gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
         gauge.inc()
         resp: Response | None = None
         try:
-            resp = await self._send(replica, path, payload, exchange)
+            resp = await self._send(replica, path, payload, exchange, method)
             try:
                 body = await resp.read()
             except (TimeoutError, OSError) as exc:
@@ -246,13 +272,18 @@ class Proxy:
                 resp.close()
 
     async def _send(
-        self, replica: Replica, path: str, payload: bytes, exchange: Exchange
+        self,
+        replica: Replica,
+        path: str,
+        payload: bytes,
+        exchange: Exchange,
+        method: bytes = b"POST",
     ) -> Response:
         """The engine's response head, or ``_Failed`` for a failure before it that another
         replica may not have: no answer in time, no connection, a 5xx or a 401."""
         try:
             resp = await self.pool.request(
-                b"POST", replica.url, path, payload, headers=exchange.upstream_headers
+                method, replica.url, path, payload, headers=exchange.upstream_headers
             )
         except TimeoutError as exc:
             raise _Failed("timeout", exc) from exc
@@ -320,6 +351,8 @@ class Proxy:
                 cached = dialect.cached(body)
                 exchange.cached_tokens = cached
                 dialect.usage(exchange, body)
+                if resp.status == 200:
+                    self._note_home(dialect, body, replica, exchange)
                 self.router.prefill_done(route, decision, cached, on_time=False)
                 booking.prefilled = True
                 replica.succeeded()
@@ -374,7 +407,8 @@ class Proxy:
                     await start_stream(send, 200, headers)
                     first = False
                     self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
-                if not booking.prefilled and not _no_output(chunk):
+                    self._note_home(dialect, chunk, replica, exchange)
+                if not booking.prefilled and not dialect.no_output(chunk):
                     self.router.prefill_done(route, decision)
                     booking.prefilled = True
                     exchange.first_token_s = self.now_s()
@@ -454,6 +488,15 @@ class Proxy:
         gap = b"" if ends_event(sent.tail) else b"\n\n"
         await end_stream(send, gap + dialect.error_event(err))
 
+    def _note_home(
+        self, dialect: Dialect, data: bytes, replica: Replica, exchange: Exchange
+    ) -> None:
+        """Where the answer opening with ``data`` is kept, for its tenant's requests naming
+        it later."""
+        response_id = dialect.response_id(data)
+        if response_id is not None:
+            self.homes.record(response_id, replica.replica_id, exchange.tenant or "")
+
     def _book_failure(self, replica: Replica) -> None:
         """A failed attempt on ``replica``; its health gauge drops when that ejects it."""
         if replica.failed(self.now_s()):
@@ -484,31 +527,3 @@ async def _read_error(resp: Response) -> str:
         return (await resp.read(2048)).decode(errors="replace")
     except (TimeoutError, OSError):
         return ""
-
-
-def _no_output(chunk: bytes) -> bool:
-    """A chunk that carries no output yet: SSE comments only (a keep-alive), or one event
-    that only opens the assistant's message (a ``delta`` with its ``role`` and nothing else
-    but empty fields). vLLM sends the role with the first output, after the prefill; an
-    engine that sends it (or a keep-alive) before any work must not end the prefill in the
-    router's load view (the queue the ``cost`` policy estimates would then read empty).
-    Parsed only until a request's prefill is done: one or two chunks."""
-    events = chunk.count(b"data:")
-    if events == 0:
-        return True
-    if events != 1 or b'"role"' not in chunk:
-        return False
-    try:
-        event = orjson.loads(chunk.partition(b"data:")[2])
-    except orjson.JSONDecodeError:
-        return False
-    choices = event.get("choices") if isinstance(event, dict) else None
-    if not isinstance(choices, list) or not choices:
-        return False
-    for choice in choices:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        if not isinstance(delta, dict) or choice.get("finish_reason"):
-            return False
-        if any(value for key, value in delta.items() if key != "role"):
-            return False
-    return True

@@ -196,6 +196,18 @@ class ReplicaSet:
             and (not cap or r.in_flight < cap)
         ]
 
+    def home(
+        self, replica_id: ReplicaId | None, model: str, exclude: ReplicaId | None = None
+    ) -> Replica | None:
+        """``replica_id``'s replica where it serves ``model`` and is up, under no cap: the
+        one that can answer a request continuing what it stored (``ResponseHomes``)."""
+        if replica_id is None or replica_id == exclude:
+            return None
+        replica = self.by_id.get(replica_id)
+        if replica is None or model not in replica.models or not replica.is_up:
+            return None
+        return replica
+
     def least_loaded(self, model: str, exclude: ReplicaId | None = None) -> Replica | None:
         """The candidate for ``model`` with the fewest requests in flight (this gateway's and,
         as last scraped or shared, the others'), ties taken in turn; for the requests that

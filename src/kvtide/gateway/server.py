@@ -1,7 +1,8 @@
 """The gateway's HTTP side: a raw ASGI app over a ``Gateway``, served by ``kvtide.asgi``.
 
-Routes: the OpenAI endpoints, Anthropic's ``/v1/messages``, vLLM's tokenizer and pooling
-endpoints (passed through), ``/health``, ``/ready``, ``/metrics`` and the admin API. Every
+Routes: the OpenAI endpoints (``/v1/responses`` and its stored answers among them),
+Anthropic's ``/v1/messages``, vLLM's tokenizer and pooling endpoints (passed through),
+``/health``, ``/ready``, ``/metrics`` and the admin API. Every
 refusal is an error body from one handler and one status table (``gateway.status``), in the
 route's API's wording (OpenAI's; Anthropic's on ``/v1/messages``); the lifespan runs
 ``Gateway.lifespan`` (its ``TaskGroup`` owns the background loops). SIGTERM/SIGINT drain: new
@@ -86,6 +87,9 @@ def _client_id(scope: Scope) -> str | None:
     return text if text.isprintable() else None
 
 
+RESPONSES = "/v1/responses"
+
+
 def _authorization(scope: Scope) -> str | None:
     value = header(scope, b"authorization")
     if value is None and speaks_anthropic(scope["path"]):
@@ -110,6 +114,7 @@ class GatewayApp:
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/messages"): self._messages,
+            ("POST", "/v1/responses"): self._responses,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("GET", "/ready"): self._ready,
@@ -145,6 +150,14 @@ class GatewayApp:
                 name = ADMIN_REPLICAS + "/{replica}"
                 if method == "DELETE":
                     return name, self._remove_replica
+                return name, _refuse(METHOD_NOT_ALLOWED, f"method {method} not allowed")
+        if path.startswith(RESPONSES + "/"):
+            rest = path[len(RESPONSES) + 1 :]
+            cancel = rest.endswith("/cancel")
+            if rest and "/" not in (rest[: -len("/cancel")] if cancel else rest):
+                name = RESPONSES + ("/{response}/cancel" if cancel else "/{response}")
+                if method == ("POST" if cancel else "GET"):
+                    return name, self._stored_response
                 return name, _refuse(METHOD_NOT_ALLOWED, f"method {method} not allowed")
         if path in self._paths:
             return path, _refuse(METHOD_NOT_ALLOWED, f"method {method} not allowed")
@@ -226,6 +239,24 @@ class GatewayApp:
 
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> int:
         return await self._complete(scope, receive, send, "/v1/messages", "messages")
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._complete(scope, receive, send, RESPONSES, "responses")
+
+    async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """``GET /v1/responses/{id}`` or ``POST /v1/responses/{id}/cancel``: answered by the
+        engine that holds the response."""
+        gateway, path = self.gateway, scope["path"]
+        response_id = path[len(RESPONSES) + 1 :].removesuffix("/cancel")
+        query = scope.get("query_string") or b""
+        upstream = path + "?" + query.decode("latin-1") if query else path
+
+        def answer(raw: bytes, exchange: Exchange) -> Awaitable[int]:
+            return gateway.stored_response(
+                send, scope["method"], upstream, response_id, _authorization(scope), exchange
+            )
+
+        return await self._exchange(scope, receive, "responses_stored", answer)
 
     async def _complete(
         self, scope: Scope, receive: Receive, send: Send, path: str, api: Api

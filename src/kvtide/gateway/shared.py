@@ -14,6 +14,11 @@ decisions instead: each decision's chunk hashes are written, batched in the back
 shadow index of their own under ``PREFIX:shadow`` with the shadow's time to live, and routing asks
 it as it asks the event-fed one. Every gateway thus routes on what all of them placed.
 
+The engine holding each stored Responses answer (``gateway.response_homes``) is shared too,
+written in the background under ``PREFIX:resp:ID`` for a day, so that a follow-up naming it
+reaches that engine through any gateway replica: a gateway that does not know an id asks Redis
+once, with the short timeout.
+
 When Redis does not answer the gateway is degraded: it routes on its local index, says so in
 ``/ready`` and ``kvtide_gateway_state_degraded``, and when Redis answers again every engine it
 holds the lease of is resynced: its entries rewritten in Redis from this gateway's own index.
@@ -37,6 +42,8 @@ from kvtide.types import BlockHash, ReplicaId, Tier
 
 log = logging.getLogger("kvtide.gateway")
 
+HOME_TTL_S = 86_400
+"""How long Redis keeps the engine of a stored Responses answer."""
 LEASE_S = 5.0
 """An intake lease lasts this long; its holder renews it every maintenance round (1 s)."""
 _CHUNK_BLOCKS = 4096
@@ -80,6 +87,8 @@ class SharedState:
             )
         self._pending: dict[ReplicaId, dict[BlockHash, None]] = {}
         self._wake: asyncio.Event | None = None
+        self._homes: dict[str, str] = {}  # response id -> "replica tenant", not yet written
+        self._homes_wake: asyncio.Event | None = None
         self.prefix = prefix
         self.timeout_s = timeout_s
         self.gateway_id = uuid.uuid4().hex[:12]
@@ -178,6 +187,46 @@ class SharedState:
         pending.update(dict.fromkeys(hashes.tolist()))
         if self._wake is not None:
             self._wake.set()
+
+    def record_home(self, response_id: str, replica: ReplicaId, tenant: str) -> None:
+        """A stored answer's engine and tenant to share (written by ``write_homes``)."""
+        self._homes[response_id] = f"{replica} {tenant}"
+        if self._homes_wake is not None:
+            self._homes_wake.set()
+
+    async def write_homes(self) -> None:
+        """Runs for the gateway's lifetime: writes the recorded answers' engines, batched."""
+        self._homes_wake = asyncio.Event()
+        while True:
+            await self._homes_wake.wait()
+            self._homes_wake.clear()
+            batch, self._homes = self._homes, {}
+            if self.degraded:
+                continue  # this gateway still knows them; the others route them as new
+            pipe = self.client.pipeline(transaction=False)
+            for response_id, home in batch.items():
+                pipe.set(f"{self.prefix}:resp:{response_id}", home, ex=HOME_TTL_S)
+            try:
+                await asyncio.wait_for(pipe.execute(), 4 * self.timeout_s)
+            except (redis.RedisError, TimeoutError, OSError) as exc:
+                self._failed(exc)
+
+    async def home(self, response_id: str) -> tuple[ReplicaId, str] | None:
+        """The engine and tenant of a stored answer another gateway passed on, or None
+        (unknown, or degraded)."""
+        if self.degraded:
+            return None
+        try:
+            got = await asyncio.wait_for(
+                self.client.get(f"{self.prefix}:resp:{response_id}"), self.timeout_s
+            )
+        except (redis.RedisError, TimeoutError, OSError) as exc:
+            self._failed(exc)
+            return None
+        if got is None:
+            return None
+        replica, _, tenant = (got.decode() if isinstance(got, bytes) else got).partition(" ")
+        return ReplicaId(replica), tenant
 
     async def write_decisions(self) -> None:
         """Runs for the gateway's lifetime (text mode): writes the recorded decisions."""

@@ -114,6 +114,50 @@ def test_two_gateways_share_one_index_through_redis(
             redis_client.delete(key)
 
 
+def test_a_stored_responses_answer_is_found_through_either_gateway(
+    redis_client: redis.Redis,  # type: ignore[type-arg]
+) -> None:
+    """Three engines keeping their Responses answers, two gateways sharing Redis: an answer
+    passed on by one gateway is continued and retrieved through the other, each follow-up
+    reaching the engine that stored it (anywhere else, vLLM's 404)."""
+    prefix = f"kvtide-test-{uuid.uuid4().hex[:8]}"
+    state = ["--state", "redis://127.0.0.1:6379/0", "--state-prefix", prefix]
+    es = emulated_engines(3, "--responses-store")
+    gws = []
+    try:
+        replicas = [a for e in es for a in ("--replica", f"{e.url}=emu")]
+        ports = [free_port(), free_port()]
+        gws = [gateway(p, *replicas, *state) for p in ports]
+        one, other = (
+            openai_client(base_url=f"http://127.0.0.1:{p}/v1", api_key="x", max_retries=0)
+            for p in ports
+        )
+        firsts = [
+            one.responses.create(
+                model="emu", instructions=f"{i}: {SYSTEM}", input="Plan.", max_output_tokens=3
+            )
+            for i in range(6)
+        ]
+        _wait(lambda: len(list(redis_client.scan_iter(f"{prefix}:resp:*"))) == 6)
+        for first in firsts:
+            later = other.responses.create(
+                model="emu", input="Go on.", previous_response_id=first.id, max_output_tokens=3
+            )
+            assert later.previous_response_id == first.id
+            assert other.responses.retrieve(first.id).output_text == first.output_text
+        assert _metric_sum(
+            f"http://127.0.0.1:{ports[1]}", "kvtide_gateway_route_decisions_total",
+            'reason="previous_response"',
+        ) == len(firsts)  # fmt: skip
+    finally:
+        for g in gws:
+            g.stop()
+        for e in es:
+            e.stop()
+        for key in redis_client.scan_iter(f"{prefix}:*"):
+            redis_client.delete(key)
+
+
 def test_two_gateways_hold_a_tenant_to_one_tokens_per_minute_limit(
     tmp_path: Path,
     redis_client: redis.Redis,  # type: ignore[type-arg]

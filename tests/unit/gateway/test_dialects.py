@@ -1,11 +1,13 @@
-"""What the proxy reads of OpenAI's and Anthropic's answers, and the errors it words in each."""
+"""What the proxy reads of OpenAI's, the Responses API's and Anthropic's answers, and the errors
+it words in each."""
 
 from __future__ import annotations
 
 import json
 
 from kvtide.gateway.access_log import Exchange
-from kvtide.gateway.dialects import ANTHROPIC, OPENAI
+from kvtide.gateway.dialects import ANTHROPIC, OPENAI, RESPONSES
+from kvtide.gateway.response_homes import ResponseHomes
 from kvtide.gateway.status import (
     BAD_REQUEST,
     GATEWAY_TIMEOUT,
@@ -13,6 +15,7 @@ from kvtide.gateway.status import (
     UNAVAILABLE,
     ApiError,
 )
+from kvtide.types import ReplicaId
 
 
 def _event(kind: str, data: dict) -> bytes:
@@ -58,3 +61,53 @@ def test_anthropic_errors_use_its_types_as_vllm_words_them() -> None:
     event = ANTHROPIC.error_event(ApiError(GATEWAY_TIMEOUT, "late"))
     assert event.startswith(b"event: error\ndata: ") and event.endswith(b"\n\n")
     assert json.loads(OPENAI.error_body(ApiError(BAD_REQUEST, "why", "x")))["error"]["param"] == "x"
+
+
+def _response(status: str, usage: dict | None) -> dict:
+    return {"id": "resp_7", "object": "response", "status": status, "output": [],
+            "instructions": 'say "id": "x"', "usage": usage}  # fmt: skip
+
+
+def test_a_responses_stream_opens_without_output_and_ends_at_its_terminal_event() -> None:
+    """vLLM sends ``response.created`` and ``response.in_progress`` before any work: they do
+    not end the prefill; the first delta does; the stream ends at ``response.completed``
+    (or ``.incomplete``), whose usage counts the cached input inside the input."""
+    opening = _response("in_progress", None)
+    created = _event("response.created", {"type": "response.created", "response": opening})
+    progress = _event("response.in_progress", {"type": "response.in_progress"})
+    added = _event("response.output_item.added", {"item": {"id": "msg_1", "content": []}})
+    delta = _event("response.output_text.delta", {"delta": "Hi", "item_id": "msg_1"})
+    use = {"input_tokens": 130, "input_tokens_details": {"cached_tokens": 96,
+           "cached_tokens_per_turn": [96]}, "output_tokens": 7,
+           "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 137}  # fmt: skip
+    final = _response("completed", use)
+    completed = _event("response.completed", {"type": "response.completed", "response": final})
+    assert RESPONSES.no_output(created) and RESPONSES.no_output(created + progress)
+    assert RESPONSES.no_output(b": keep-alive\n\n")
+    assert not RESPONSES.no_output(created + progress + added)
+    assert not RESPONSES.no_output(delta) and not RESPONSES.no_output(b'data: {"a": 1}\n\n')
+    assert RESPONSES.response_id(created) == "resp_7"
+    assert RESPONSES.response_id(delta) is None or RESPONSES.response_id(delta) != "resp_7"
+    assert RESPONSES.usage_mark not in created + delta and RESPONSES.usage_mark in completed
+    exchange = Exchange("responses", 0.0, 0.0)
+    RESPONSES.usage(exchange, completed)
+    assert (exchange.engine_prompt_tokens, exchange.completion_tokens) == (130, 7)
+    assert RESPONSES.cached(completed) == 96
+    assert not RESPONSES.done(created + progress + delta)
+    assert RESPONSES.done(completed)
+    incomplete = _event("response.incomplete", {"response": _response("incomplete", use)})
+    assert RESPONSES.done(incomplete) and not OPENAI.done(completed)
+    assert OPENAI.response_id(created) is None and ANTHROPIC.response_id(created) is None
+
+
+def test_response_homes_are_bounded_and_forget_a_removed_replica() -> None:
+    homes = ResponseHomes(capacity=3)
+    for i in range(3):
+        homes.record(f"r{i}", ReplicaId(f"e{i % 2}"), "t")
+    assert homes.get("r0") == ("e0", "t")  # used: now the newest
+    homes.record("r3", ReplicaId("e1"), "u")
+    assert homes.get("r1") is None and len(homes) == 3  # the least recently used went
+    assert homes.get(["r0"]) is None and homes.get(None) is None  # a client's odd value
+    homes.forget(ReplicaId("e0"))
+    assert homes.get("r0") is None and homes.get("r2") is None
+    assert homes.get("r3") == ("e1", "u")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtide.gateway.proxy import _no_output
+from kvtide.gateway.dialects import OPENAI
 
 HEAD = b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":['
 ROLE = HEAD + b'{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
@@ -42,4 +42,4 @@ TOKEN = HEAD + b'{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n
     ],
 )
 def test_only_chunks_without_output_leave_the_prefill_open(chunk: bytes, no_output: bool) -> None:
-    assert _no_output(chunk) is no_output
+    assert OPENAI.no_output(chunk) is no_output
