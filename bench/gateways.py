@@ -22,7 +22,9 @@ skipped):
    ``--speedup`` makes its prefill with no hit ``--load`` of the fleet's capacity; printed as
    "sizing". Each gateway gets freshly restarted engines (cold caches) and the same
    requests; ``--workloads`` picks chat, mooncake or both; ``--api messages`` sends them as
-   Anthropic Messages requests (``/v1/messages``, the system prompt apart). ``--repeat N``
+   Anthropic Messages requests (``/v1/messages``, the system prompt apart), ``--api
+   responses`` as OpenAI Responses requests (``/v1/responses``, the system prompt as
+   ``instructions``, the whole conversation each turn). ``--repeat N``
    runs every gateway N times, in rounds (all gateways, then all again), and prints medians;
    the JSON keeps each run. ``--only "kvtide cost:affinity_share=0.2"`` runs a `cost` with
    options beside, and ``--only "kvtide cost cap 4"`` one with
@@ -872,9 +874,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api",
         default="chat",
-        choices=("chat", "messages"),
-        help="the workloads phase's API: OpenAI's chat completions, or Anthropic's Messages "
-        "(/v1/messages; sglang-router 0.3.2 has no such route)",
+        choices=("chat", "responses", "messages"),
+        help="the workloads phase's API: OpenAI's chat completions or Responses "
+        "(/v1/responses), or Anthropic's Messages (/v1/messages; sglang-router 0.3.2 has "
+        "no such route)",
     )
     p.add_argument("--only", help="comma-separated gateway names to run (default all)")
     p.add_argument(

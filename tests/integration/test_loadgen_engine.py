@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from engine_process import SRC, running_engine
 
 
@@ -39,24 +40,26 @@ def test_token_prompts_reach_the_engine_as_the_trace_has_them(tmp_path: Path) ->
     assert sorted(r["prompt_tokens"] for r in engine_rows) == [17, 40, 43]
 
 
-def test_messages_api_load_reads_anthropics_stream_and_usage(tmp_path: Path) -> None:
-    """`kvtide load --api messages`: a multi-turn workload as Anthropic Messages requests
-    (the system prompt apart), its text deltas timed and its usage read: the prompt is the
-    input and the cached input together, as the engine counted it for the same chat turns."""
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_typed_event_apis_load_reads_the_stream_and_usage(tmp_path: Path, api: str) -> None:
+    """`kvtide load --api messages` and `--api responses`: a multi-turn workload as Anthropic
+    Messages or OpenAI Responses requests (the system prompt apart), their text deltas timed
+    and their usage read: the prompt is the input and the cached input together (Messages
+    counts them apart), as the engine counted it for the same chat turns."""
     out = tmp_path / "load.json"
     records = tmp_path / "records.jsonl"
     with running_engine("--speedup", "50", "--records", str(records)) as engine:
         done = subprocess.run(
             [sys.executable, "-m", "kvtide", "load", "--url", engine.url, "--workload",
              "builtin:chat:sessions=4,turns=3,duration_s=6,think_s=0.5,output_tokens=8",
-             "--api", "messages", "--quiet",
+             "--api", api, "--quiet",
              "--json", str(out)],
             capture_output=True, text=True, timeout=90, env={**os.environ, "PYTHONPATH": str(SRC)},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     rows = report["requests"]
-    assert report["config"]["endpoint"].endswith("/v1/messages")
+    assert report["config"]["endpoint"].endswith(f"/v1/{api}")
     assert rows and all(r["error"] is None and r["ttft_s"] is not None for r in rows), rows
     engine_rows = [json.loads(line) for line in records.read_text().splitlines()]
     engine_prompts = sorted(r["prompt_tokens"] for r in engine_rows)

@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--api",
         choices=APIS,
         help="endpoint: chat (/v1/chat/completions, the default), completions (the default "
-        "with --prompt-format tokens) or messages (Anthropic's /v1/messages)",
+        "with --prompt-format tokens), responses (/v1/responses) or messages (Anthropic's "
+        "/v1/messages)",
     )
     parser.add_argument(
         "--prompt-format",
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         args.workload, limit=args.requests, time_scale=args.time_scale, seed=args.seed
     )
     tokens = args.prompt_format == "tokens"
-    if tokens and args.api in ("chat", "messages"):
+    if tokens and args.api in ("chat", "responses", "messages"):
         raise ConfigError(
             f"--prompt-format tokens: needs --api completions ({args.api} has no token ids)"
         )

@@ -123,6 +123,44 @@ def _anthropic_event(
     return last_s
 
 
+_RESPONSE_TEXT = frozenset(
+    ("response.output_text.delta", "response.reasoning_text.delta",
+     "response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
+)  # fmt: skip
+"""The Responses events that carry output."""
+_RESPONSE_ENDS = frozenset(("response.completed", "response.incomplete", "response.failed"))
+_STREAM_ENDS = frozenset(("message_stop", *_RESPONSE_ENDS))
+"""The typed events after which nothing is sent: Anthropic's and the Responses API's [DONE]."""
+
+
+def _responses_event(
+    out: Outcome, data: Mapping[str, Any], elapsed_s: float, last_s: float
+) -> float:
+    """Folds one event of an OpenAI Responses stream into ``out``."""
+    kind = data.get("type")
+    if kind in _RESPONSE_TEXT:
+        delta = data.get("delta")
+        return _took_text(out, delta if isinstance(delta, str) else "", elapsed_s, last_s)
+    if kind == "error":
+        out.error, out.detail = "stream_error", str(data.get("message"))[:200]
+    elif kind in _RESPONSE_ENDS:
+        response = data.get("response")
+        response = response if isinstance(response, dict) else {}
+        if kind == "response.failed":
+            out.error, out.detail = "stream_error", str(response.get("error"))[:200]
+        out.finish_reason = str(response.get("status"))
+        usage = response.get("usage")
+        if isinstance(usage, dict):
+            for key, field_ in (("input_tokens", "prompt_tokens"),
+                                ("output_tokens", "completion_tokens")):  # fmt: skip
+                if isinstance(usage.get(key), int):
+                    setattr(out, field_, usage[key])
+            details = usage.get("input_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                out.cached_tokens = details["cached_tokens"]
+    return last_s
+
+
 def _error_message(body: str) -> str:
     try:
         data = json.loads(body)
@@ -141,7 +179,10 @@ def _apply_event(out: Outcome, data: Mapping[str, Any], elapsed_s: float, last_s
         out.error = "stream_error"
         out.detail = str(err.get("message") if isinstance(err, dict) else err)[:200]
         return last_s
-    if "type" in data:  # Anthropic's events are typed; OpenAI's chunks are not
+    if "type" in data:  # Anthropic's and the Responses API's events are typed; chunks not
+        kind = data["type"]
+        if isinstance(kind, str) and (kind.startswith("response.") or kind == "error"):
+            return _responses_event(out, data, elapsed_s, last_s)
         return _anthropic_event(out, data, elapsed_s, last_s)
     choices = data.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -199,7 +240,7 @@ async def stream(
                         last_s = _apply_event(out, event, now, last_s)
                         if out.error is not None:
                             return out
-                        if event.get("type") == "message_stop":  # Anthropic's [DONE]
+                        if event.get("type") in _STREAM_ENDS:
                             done = True
                             break
                 if done:

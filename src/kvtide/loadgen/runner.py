@@ -23,8 +23,9 @@ from kvtide.types import Request
 from kvtide.workloads import Workload
 from kvtide.workloads.registry import BUILTIN_PREFIX
 
-APIS = ("chat", "completions", "messages")
-"""OpenAI's chat and text completions; Anthropic's Messages API (``/v1/messages``)."""
+APIS = ("chat", "completions", "responses", "messages")
+"""OpenAI's chat and text completions and Responses API (``/v1/responses``); Anthropic's
+Messages API (``/v1/messages``)."""
 PROMPT_FORMATS = ("text", "tokens")
 
 
@@ -86,7 +87,12 @@ class LoadConfig:
         return tuple(f"{_base(url)}/v1/{path}" for url in (self.url, *self.more_urls))
 
 
-_PATHS = {"chat": "chat/completions", "completions": "completions", "messages": "messages"}
+_PATHS = {
+    "chat": "chat/completions",
+    "completions": "completions",
+    "responses": "responses",
+    "messages": "messages",
+}
 
 
 def _base(url: str) -> str:
@@ -127,6 +133,19 @@ def payload(config: LoadConfig, model: str, prompt: Prompt, request: Request) ->
         body["messages"] = [{"role": r, "content": t} for r, t in prompt.messages if r != "system"]
         if config.temperature is not None:
             body["temperature"] = config.temperature
+        return body
+    if config.api == "responses":  # the system prompt as instructions, usage always sent
+        del body["max_tokens"]
+        body["max_output_tokens"] = max(1, request.output_tokens)
+        system = "".join(text for role, text in prompt.messages if role == "system")
+        if system:
+            body["instructions"] = system
+        body["input"] = [{"role": r, "content": t} for r, t in prompt.messages if r != "system"]
+        body["store"] = False  # the whole conversation is sent each turn
+        if config.temperature is not None:
+            body["temperature"] = config.temperature
+        if config.ignore_eos or config.is_exact:
+            body["ignore_eos"] = True
         return body
     body["stream_options"] = {"include_usage": True}
     if prompt.token_ids is not None:
