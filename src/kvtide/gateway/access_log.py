@@ -105,6 +105,9 @@ class Exchange:
     count_output: bool = False
     """The tenant is held to tokens per minute: the stream's output events are counted, for
     the charge of a stream cut before the engine's usage (``gateway.usage.OutputCounter``)."""
+    stored: bool = False
+    """A Responses request the engine may keep the answer of (``store`` not false): where
+    the answer goes is noted, for the requests naming it (``gateway.response_homes``)."""
 
     @property
     def answered(self) -> bool:

@@ -480,6 +480,7 @@ class Gateway:
             max_tokens = _max_tokens(body, api)
             prompt = self.prompt(chat, True, self.seed(model, tenant.salt))
             home = await self._home_of(body.get("previous_response_id"), tenant)
+            exchange.stored = body.get("store", True) is not False
         else:
             max_tokens = _max_tokens(body, api)
             prompt = self.prompt(body, api == "chat", self.seed(model, tenant.salt))

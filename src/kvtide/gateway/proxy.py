@@ -493,6 +493,8 @@ class Proxy:
     ) -> None:
         """Where the answer opening with ``data`` is kept, for its tenant's requests naming
         it later."""
+        if not exchange.stored:
+            return  # an agent sending its whole history each turn asks for no store
         response_id = dialect.response_id(data)
         if response_id is not None:
             self.homes.record(response_id, replica.replica_id, exchange.tenant or "")

@@ -138,6 +138,8 @@ def test_a_stored_responses_answer_is_found_through_either_gateway(
             )
             for i in range(6)
         ]
+        # an answer the client asks not to store is not noted (Codex sends store: false)
+        one.responses.create(model="emu", input="Hi.", store=False, max_output_tokens=1)
         _wait(lambda: len(list(redis_client.scan_iter(f"{prefix}:resp:*"))) == 6)
         for first in firsts:
             later = other.responses.create(
@@ -145,6 +147,10 @@ def test_a_stored_responses_answer_is_found_through_either_gateway(
             )
             assert later.previous_response_id == first.id
             assert other.responses.retrieve(first.id).output_text == first.output_text
+        # and the follow-ups' own answers, through the other gateway; never the unstored one
+        _wait(lambda: len(list(redis_client.scan_iter(f"{prefix}:resp:*"))) == 12)
+        time.sleep(0.3)
+        assert len(list(redis_client.scan_iter(f"{prefix}:resp:*"))) == 12
         assert _metric_sum(
             f"http://127.0.0.1:{ports[1]}", "kvtide_gateway_route_decisions_total",
             'reason="previous_response"',
