@@ -91,12 +91,34 @@ def error_for(path: str, err: ApiError) -> bytes:
     return anthropic_error_body(err) if speaks_anthropic(path) else error_body(err)
 
 
+RESPONSES_PATH = "/v1/responses"
+
+
 def error_event_for(path: str, err: ApiError) -> bytes:
     """``err`` as the SSE event that ends a stream of ``path``'s API: Anthropic's ``error``
-    event (the ``anthropic`` client raises it), or OpenAI's ``data:`` error object."""
+    event (the ``anthropic`` client raises it), a Responses stream's ``error`` event, or
+    OpenAI's ``data:`` error object."""
     if speaks_anthropic(path):
         return b"event: error\ndata: " + anthropic_error_body(err) + b"\n\n"
+    if path.startswith(RESPONSES_PATH):
+        return responses_error_event(err)
     return sse_error_event(err)
+
+
+def responses_error_event(err: ApiError) -> bytes:
+    """An error ending a Responses stream: the API's ``error`` event (``type``, ``code``,
+    ``message``, ``param``: what vLLM sends and Responses clients such as Codex read) that also
+    holds OpenAI's ``error`` object, which the ``openai`` client raises as ``APIError``."""
+    status = err.status
+    event = {
+        "type": "error",
+        "code": status.code,
+        "message": err.message,
+        "param": err.param,
+        "error": {"message": err.message, "type": status.type, "param": err.param,
+                  "code": status.code},
+    }  # fmt: skip
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 def anthropic_error_body(err: ApiError) -> bytes:

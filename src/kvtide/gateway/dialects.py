@@ -23,6 +23,7 @@ from kvtide.asgi.api_errors import (
     anthropic_error_body,
     error_body,
     error_event_for,
+    responses_error_event,
     sse_error_event,
 )
 from kvtide.gateway.access_log import Exchange
@@ -185,6 +186,11 @@ class ResponsesDialect(Dialect):
         dump) or of the ``response.created`` event a stream opens with."""
         m = self._id.search(data)
         return m.group(1).decode() if m else None
+
+    def error_event(self, err: ApiError) -> bytes:
+        """The Responses ``error`` event, with OpenAI's error object inside (the ``openai``
+        client raises it)."""
+        return responses_error_event(err)
 
 
 OPENAI = Dialect()

@@ -177,3 +177,28 @@ def test_responses_errors_are_openai_errors(tmp_path: Path) -> None:
         with pytest.raises(openai.BadRequestError):
             client.responses.create(model="emu", input=[{"type": "item_reference", "id": "m"}])
         assert client.responses.create(model="emu", input="hi", max_output_tokens=2).id
+
+
+def test_an_engine_lost_mid_stream_ends_the_responses_stream_with_an_error_event() -> None:
+    """The engine killed while its answer streams: the client gets the Responses ``error``
+    event, which the ``openai`` client raises as ``APIError`` (a Codex-like client reads its
+    ``type``, ``code`` and ``message``)."""
+    with engines_behind_gateway(1, ("--speedup", "0.05")) as (port, engines):
+        client = openai_client(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        kinds = []
+        with (
+            pytest.raises(openai.APIError) as err,
+            client.responses.stream(
+                model="emu", input="Write a long story.", max_output_tokens=400
+            ) as stream,
+        ):
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "response.output_text.delta" and len(kinds) == 6:
+                    engines[0].proc.kill()  # by its PID
+        assert "response.output_text.delta" in kinds and "response.completed" not in kinds
+        assert err.value.message == "the engine failed mid-stream"
+        assert err.value.body == {  # type: ignore[comparison-overlap]
+            "message": "the engine failed mid-stream", "type": "upstream_error",
+            "param": None, "code": "upstream_error",
+        }  # fmt: skip

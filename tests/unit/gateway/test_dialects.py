@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from kvtide.asgi.api_errors import error_event_for
 from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.dialects import ANTHROPIC, OPENAI, RESPONSES
 from kvtide.gateway.response_homes import ResponseHomes
@@ -12,6 +13,7 @@ from kvtide.gateway.status import (
     BAD_REQUEST,
     GATEWAY_TIMEOUT,
     MODEL_NOT_FOUND,
+    SHUTTING_DOWN,
     UNAVAILABLE,
     ApiError,
 )
@@ -111,3 +113,18 @@ def test_response_homes_are_bounded_and_forget_a_removed_replica() -> None:
     homes.forget(ReplicaId("e0"))
     assert homes.get("r0") is None and homes.get("r2") is None
     assert homes.get("r3") == ("e1", "u")
+
+
+def test_a_responses_stream_ends_with_the_apis_error_event_holding_openais_error() -> None:
+    """What Responses clients read (an ``error`` event: type, code, message, param), with
+    OpenAI's error object inside for the ``openai`` client, from the proxy and the drain cut
+    alike."""
+    err = ApiError(SHUTTING_DOWN, "the gateway is shutting down")
+    event = RESPONSES.error_event(err)
+    assert event == error_event_for("/v1/responses", err)
+    head, _, data = event.partition(b"\ndata: ")
+    assert head == b"event: error" and event.endswith(b"\n\n")
+    parsed = json.loads(data)
+    assert parsed["type"] == "error" and parsed["message"] == "the gateway is shutting down"
+    assert parsed["code"] == parsed["error"]["code"] == "shutting_down"
+    assert {"error": parsed["error"]} == json.loads(OPENAI.error_body(err))
