@@ -1,6 +1,6 @@
 """`kvtide engine`'s Anthropic Messages API (``POST /v1/messages``) with the official
 ``anthropic`` client: a whole message and a stream, stop sequences and their stop reasons,
-usage with the cached input apart, errors as Anthropic error objects."""
+usage with the cached input apart, ``count_tokens``, errors as Anthropic error objects."""
 
 from __future__ import annotations
 
@@ -37,6 +37,11 @@ def test_messages_whole_and_streamed_with_usage_and_stops() -> None:
                 model="emu", max_tokens=6, system=SYSTEM, messages=said, stop_sequences=[word]
             )
             assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == word
+            # count_tokens counts what a Messages request's prompt would be, as vLLM does
+            counted = client.messages.count_tokens(model="emu", system=SYSTEM, messages=said)
+            assert counted.input_tokens == first.usage.input_tokens
+            with pytest.raises(anthropic.NotFoundError):
+                client.messages.count_tokens(model="other", messages=said)
         finally:
             client.close()
 

@@ -54,6 +54,7 @@ from kvtide.engine_server.protocol import (
     models_body,
     parse_chat,
     parse_completion,
+    parse_count_tokens,
     parse_detokenize,
     parse_messages,
     parse_responses,
@@ -155,6 +156,7 @@ class EngineApp:
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/messages"): self._messages,
+            ("POST", "/v1/messages/count_tokens"): self._count_tokens,
             ("POST", RESPONSES): self._responses,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
@@ -294,6 +296,16 @@ class EngineApp:
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._json(scope, receive)
         await self._generate(parse_messages(body, self._merge_inline_system), receive, send)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A Messages request's input tokens, as vLLM counts them: rendered as it would be
+        served (``{"input_tokens", "context_management": {"original_input_tokens"}}``)."""
+        body = await self._json(scope, receive)
+        model, chat = parse_count_tokens(body, self._merge_inline_system)
+        self._check_model(model)
+        n = len(self._render_chat(chat))
+        answer = {"input_tokens": n, "context_management": {"original_input_tokens": n}}
+        await respond(send, 200, orjson.dumps(answer), JSON)
 
     async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._json(scope, receive)

@@ -273,6 +273,16 @@ def parse_messages(body: object, merge_inline_system: bool) -> Generation:
     )
 
 
+def parse_count_tokens(body: object, merge_inline_system: bool) -> tuple[str, ChatRequest]:
+    """``POST /v1/messages/count_tokens``: the model and the chat request vLLM renders to
+    count a Messages request's input (no ``max_tokens`` needed)."""
+    body = _object(body)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' must be a non-empty string", "model")
+    return model, _converted(anthropic_request.chat_body, body, merge_inline_system)
+
+
 def parse_responses(body: object, history: Sequence[dict[str, Any]] = ()) -> Generation:
     """``POST /v1/responses`` (OpenAI's Responses API): converted to the chat request vLLM
     renders (``kvtide.text.responses_request``, as the gateway converts it; ``history``: the
