@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve an emulated (or small real) engine behind an OpenAI-compatible API",
         description=(
             "An OpenAI-compatible engine server (/v1/completions, /v1/chat/completions, "
-            "Anthropic's /v1/messages, /v1/models, /health, /metrics, /tokenize, /detokenize). "
+            "/v1/responses, Anthropic's /v1/messages, /v1/models, /health, /metrics, /tokenize, "
+            "/detokenize). "
             "With a cost-model model "
             "preset it runs the simulator's engine (continuous batching, chunked prefill, "
             "prefix cache, evictions) in real time, --speedup times faster than the GPU "

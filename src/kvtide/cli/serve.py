@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "serve",
         help="an OpenAI-compatible gateway routing to engine replicas by prefix and load",
         description="An OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, "
-        "Anthropic's /v1/messages, /v1/models, /health, /ready, /metrics, /admin/replicas; "
+        "/v1/responses, Anthropic's /v1/messages, /v1/models, /health, /ready, /metrics, "
+        "/admin/replicas; "
         "vLLM's /tokenize and pooling endpoints passed through) routing each request "
         "through a kvtide routing policy. Flags override --config.",
     )
