@@ -289,8 +289,6 @@ def parse_responses(body: object, history: Sequence[dict[str, Any]] = ()) -> Gen
     stored conversation its ``previous_response_id`` names), its ``max_output_tokens``,
     ``stream``, and vLLM's extras ``stop``, ``cache_salt`` and ``priority``."""
     body = _object(body)
-    if "input" not in body:
-        raise bad_request("'input' is required", "input")
     return Generation(
         kind="responses",
         model=_opt_str(body, "model"),

@@ -512,8 +512,6 @@ class Gateway:
         so); a 400 naming the field where it is malformed. With ``previous_response_id`` the
         engine renders the stored conversation before it: this is the new part only, and the
         request goes to the engine holding the rest (``homes``)."""
-        if "input" not in body:
-            raise ApiError(BAD_REQUEST, "'input' is required", "input")
         try:
             return responses_request.chat_body(body)
         except RequestError as exc:

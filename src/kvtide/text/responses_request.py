@@ -64,7 +64,9 @@ def chat_body(body: Mapping[str, Any], history: Sequence[dict[str, Any]] = ()) -
     if instructions:
         messages.append({"role": "system", "content": instructions})
     messages.extend(history)
-    items = body.get("input")
+    if "input" not in body:
+        raise RequestError("'input' is required", "input")
+    items = body["input"]
     if isinstance(items, str):
         messages.append({"role": "user", "content": items})
         continued = False
