@@ -29,9 +29,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--replica",
         action="append",
-        metavar="URL[=MODEL][,events=tcp://..][,replay=tcp://..]",
+        metavar="URL[=MODEL][,events=tcp://..][,replay=tcp://..][,role=prefill|decode]",
         help="an engine replica (repeatable)",
     )
+    for role in ("prefill", "decode"):
+        p.add_argument(
+            f"--{role}",
+            action="append",
+            metavar="URL[=MODEL][,events=..][,replay=..]",
+            help=f"an engine replica that only {role}s (as --replica URL,role={role}): "
+            "completions are then prefilled and decoded apart, the KV moved by vLLM's "
+            "kv_transfer_params (engines run with its NixlConnector)",
+        )
     p.add_argument("--policy", help="router NAME[:key=value...] from the registry (default cost)")
     p.add_argument("--state", help="local (default) or redis://HOST:PORT/DB")
     p.add_argument("--state-prefix", help="key prefix in the shared store (default kvtide)")
@@ -90,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         "admin_key": _secret(args.admin_key, "KVTIDE_ADMIN_KEY"),
         "tenant_secret": _secret(args.tenant_secret, "KVTIDE_TENANT_SECRET"),
         "engine_key": _secret(args.engine_key, "KVTIDE_ENGINE_KEY"),
-        "replicas": args.replica,
+        "replicas": _replicas(args),
         "http_server": args.http_server,
         "access_log": args.access_log,
     }
@@ -103,6 +112,18 @@ def run(args: argparse.Namespace) -> int:
     build_policy(config.policy, ctx)
     serve(config)
     return 0
+
+
+def _replicas(args: argparse.Namespace) -> list[str] | None:
+    """``--replica``, ``--prefill`` and ``--decode`` as ``--replica`` specs; None where none
+    is given (the config file's then stand)."""
+    specs = list(args.replica or [])
+    for role in ("prefill", "decode"):
+        for spec in getattr(args, role) or []:
+            if "role=" in spec:
+                raise ConfigError(f"--{role} {spec!r}: the flag gives the role")
+            specs.append(f"{spec},role={role}")
+    return specs or None
 
 
 def _secret(flag: str | None, env: str) -> str | None:

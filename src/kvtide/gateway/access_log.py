@@ -86,6 +86,9 @@ class Exchange:
     engine_prompt_tokens: int | None = None
     completion_tokens: int | None = None
     replica: str | None = None
+    """The engine that answered or, for a disaggregated request, prefilled it."""
+    decode_replica: str | None = None
+    """The engine that decoded a disaggregated request."""
     route: str | None = None
     predicted_cached_tokens: int | None = None
     cached_tokens: int | None = None
@@ -117,6 +120,12 @@ class Exchange:
     def request_id_bytes(self) -> bytes:
         return (self.request_id or "").encode()
 
+    def prefilled(self) -> None:
+        """A disaggregated request's prefill leg answered: its one token is not the client's
+        output (the decode's usage gives that); what it reused stays the request's
+        ``cached_tokens`` (vLLM's decode reports the same, told it by the prefill)."""
+        self.completion_tokens = None
+
     @property
     def upstream_headers(self) -> bytes:
         """The header lines the engine gets with the request (the gateway's ids are header-safe:
@@ -143,6 +152,7 @@ class Exchange:
                 "engine_prompt_tokens": self.engine_prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "replica": self.replica,
+                "decode_replica": self.decode_replica,
                 "route": self.route,
                 "attempts": self.attempts,
                 "failures": self.failures,

@@ -33,7 +33,7 @@ from kvtide.gateway.intake import EventIntake
 from kvtide.gateway.metrics import GatewayMetrics
 from kvtide.gateway.prompts import Prompt, PromptHasher, PromptTokenizer
 from kvtide.gateway.proxy import Proxy
-from kvtide.gateway.replicas import Replica, ReplicaSet
+from kvtide.gateway.replicas import Replica, ReplicaSet, Stage
 from kvtide.gateway.response_homes import ResponseHomes
 from kvtide.gateway.shared import SharedState
 from kvtide.gateway.status import (
@@ -295,13 +295,16 @@ class Gateway:
         model: str,
         exclude: ReplicaId | None = None,
         home: ReplicaId | None = None,
+        stage: Stage = None,
     ) -> tuple[Replica, RouteDecision] | None:
         """The replica for ``route`` among those serving ``model`` that can take it now
         (``None``: none can); counted in the metrics and, in text mode, in the shadow.
         ``home``: the one replica able to answer it (it holds the stored response the
-        request continues), chosen while it is up, whatever its load or the cap."""
+        request continues), chosen while it is up, whatever its load or the cap.
+        ``stage``: the part of a disaggregated request it is chosen for."""
         pinned = self.replicas.home(home, model, exclude)
-        cands = [pinned] if pinned is not None else self.replicas.candidates(model, exclude)
+        replicas = self.replicas
+        cands = [pinned] if pinned is not None else replicas.candidates(model, exclude, stage)
         if not cands:
             return None
         decision = self.router.route(route, [c.state for c in cands])
@@ -357,9 +360,14 @@ class Gateway:
         """Once the replica's base model is known (given, or read from its /v1/models): its
         blocks are hashed in that model's namespace, or their LoRA adapter's, as requests
         for either are. (Started before, every block of an engine added without a model
-        was hashed under a placeholder name for the intake's life.)"""
+        was hashed under a placeholder name for the intake's life.) None for a replica that
+        only decodes: the index serves the router, which never places a request there by
+        prefix (the least loaded decodes), and its stream is the pulled KV of every prompt
+        again."""
         spec = replica.spec
         if spec.events is None or not self.prompts.is_exact or self.task_group is None:
+            return
+        if spec.role == "decode":
             return
         base = replica.base_model
         if base is None or replica.replica_id in self.intakes:
@@ -785,6 +793,7 @@ class Gateway:
                     "id": r.replica_id,
                     "url": r.url,
                     "models": sorted(r.models),
+                    "role": r.spec.role,
                     "up": not r.is_down,
                     "answered": r.answered,
                     "draining": r.draining,

@@ -23,12 +23,14 @@ from kvtide.errors import ConfigError
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:
     """One engine: its base URL, the model it serves (learned from ``/v1/models`` when not
-    given) and its KV-event endpoints (vLLM's ZMQ PUB and replay sockets)."""
+    given), its KV-event endpoints (vLLM's ZMQ PUB and replay sockets) and its role under
+    disaggregated prefill (``ROLES``: an engine run with vLLM's ``NixlConnector``)."""
 
     url: str
     model: str | None = None
     events: str | None = None
     replay: str | None = None
+    role: str = "both"
 
     @property
     def replica_id(self) -> str:
@@ -37,19 +39,31 @@ class ReplicaSpec:
 
     @classmethod
     def parse(cls, text: str, name: str = "--replica") -> ReplicaSpec:
-        """``URL[=model][,events=tcp://...][,replay=tcp://...]``; a ConfigError naming ``name``
-        (the flag, the YAML key or the admin field it came from) when it is not that."""
+        """``URL[=model][,events=tcp://...][,replay=tcp://...][,role=prefill|decode]``; a
+        ConfigError naming ``name`` (the flag, the YAML key or the admin field it came from)
+        when it is not that."""
         head, *items = text.split(",")
         url, _, model = head.partition("=")
         _check_url(url, f"{name} {text!r}")
         opts: dict[str, str] = {}
         for item in items:
             key, sep, value = item.partition("=")
-            if not sep or key not in ("events", "replay"):
-                raise ConfigError(f"{name} {text!r}: unknown option {item!r} (events, replay)")
-            _check_endpoint(value, f"{name} {text!r}: {key}")
+            if not sep or key not in ("events", "replay", "role"):
+                raise ConfigError(
+                    f"{name} {text!r}: unknown option {item!r} (events, replay, role)"
+                )
+            if key == "role":
+                check_replica_option(key, value, f"{name} {text!r}: {key}")
+            else:
+                _check_endpoint(value, f"{name} {text!r}: {key}")
             opts[key] = value
-        return cls(url.rstrip("/"), model or None, opts.get("events"), opts.get("replay"))
+        return cls(
+            url.rstrip("/"),
+            model or None,
+            opts.get("events"),
+            opts.get("replay"),
+            opts.get("role", "both"),
+        )
 
     def with_options(self, options: Mapping[str, Any], name: str) -> ReplicaSpec:
         """This spec with the ``model``, ``events``, ``replay`` that ``options`` (a YAML entry,
@@ -63,19 +77,29 @@ class ReplicaSpec:
         return dataclasses.replace(self, **given)
 
 
-REPLICA_OPTIONS = ("model", "events", "replay")
+REPLICA_OPTIONS = ("model", "events", "replay", "role")
 """What a replica entry (YAML mapping, admin request) may set beside its ``url``."""
+
+ROLES = ("both", "prefill", "decode")
+"""A replica's part in a request (``role``). Where any replica of a model is ``prefill`` or
+``decode``, its completions and chats are disaggregated: prefilled on one that is not
+``decode`` (chosen by the router, by prefix), then decoded on one that is not ``prefill``
+(the least loaded), which pulls the KV over vLLM's ``kv_transfer_params``."""
 
 
 def check_replica_option(key: str, value: object, name: str) -> str | None:
-    """``value`` as a replica's ``key`` (one of ``REPLICA_OPTIONS``): a string or null, and for
-    ``events`` and ``replay`` a ZMQ endpoint; else a ConfigError naming ``name``. Checked
+    """``value`` as a replica's ``key`` (one of ``REPLICA_OPTIONS``): a string or null, for
+    ``events`` and ``replay`` a ZMQ endpoint, for ``role`` one of ``ROLES``; else a
+    ConfigError naming ``name``. Checked
     before a replica is added: the intake connects its sockets only after."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise ConfigError(f"{name}: expected a string or null, got {value!r}")
-    if key != "model" and value:
+    if key == "role":
+        if value not in ROLES:
+            raise ConfigError(f"{name}: expected one of {', '.join(ROLES)}, got {value!r}")
+    elif key != "model" and value:
         _check_endpoint(value, name)
     return value
 

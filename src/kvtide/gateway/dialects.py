@@ -15,6 +15,7 @@ client raises the matching exception with the gateway's message.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import orjson
 
@@ -30,6 +31,17 @@ from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.status import ApiError
 from kvtide.gateway.usage import USAGE_MARK
 
+PREFILL_LEG_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+"""A prefill leg's ``kv_transfer_params``: compute the prompt's KV and keep it for a decode
+elsewhere (vLLM's ``NixlConnector`` protocol; the engine fills in the rest in its answer)."""
+
 
 class Dialect:
     """OpenAI's: usage ``{prompt_tokens, completion_tokens, prompt_tokens_details:
@@ -41,6 +53,11 @@ class Dialect:
     """Present in every ``usage`` object, absent from a chunk's output framing."""
     takes_priority = True
     """The engine reads vLLM's ``priority`` from the body (the router's deadlines)."""
+    limit_keys: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+    """The request's limits on output tokens, the one a prefill leg always sets first."""
+    _leg_drop = frozenset(("stream_options", "min_tokens"))
+    """What a prefill leg leaves out: a whole answer has no stream options, and vLLM refuses
+    a ``min_tokens`` above its one token."""
     _done = b"data: [DONE]\n\n"
     _cached = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
     _prompt = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
@@ -107,6 +124,31 @@ class Dialect:
         ``openai`` client raises it as ``APIError``)."""
         return sse_error_event(err)
 
+    def prefill_leg(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` as a disaggregated request's prefill leg, as vLLM's P/D proxies send it:
+        whole, one output token, and asking the engine to keep the prompt's KV for a remote
+        decode (its answer's ``kv_transfer_params`` say where)."""
+        leg = {k: v for k, v in body.items() if k not in self._leg_drop}
+        leg["stream"] = False
+        first, *others = self.limit_keys
+        leg[first] = 1
+        for key in others:
+            if key in leg:
+                leg[key] = 1
+        leg["kv_transfer_params"] = dict(PREFILL_LEG_PARAMS)
+        return leg
+
+    def kv_transfer_params(self, data: bytes) -> dict[str, Any] | None:
+        """What a prefill leg's whole answer tells its decode: its ``kv_transfer_params``
+        (the same top-level field in each API's answer); None where it has none (an engine
+        without a KV connector)."""
+        try:
+            answer = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        return params if isinstance(params, dict) and params else None
+
 
 class AnthropicDialect(Dialect):
     """Anthropic's Messages API as vLLM serves it: usage ``{input_tokens, output_tokens,
@@ -117,6 +159,7 @@ class AnthropicDialect(Dialect):
     name = "anthropic"
     usage_mark = b'"output_tokens"'
     takes_priority = False  # vLLM's Messages request has no priority field
+    limit_keys = ("max_tokens",)
     _stop = b"event: message_stop\n"
     _cached = re.compile(rb'"cache_read_input_tokens"\s*:\s*(\d+)')
     _input = re.compile(rb'"input_tokens"\s*:\s*(\d+)')
@@ -157,6 +200,7 @@ class ResponsesDialect(Dialect):
     later request's ``previous_response_id``."""
 
     name = "responses"
+    limit_keys = ("max_output_tokens",)
     usage_mark = b'"input_tokens_details"'  # a final usage; response.created's is null
     _ends = (b"event: response.completed\n", b"event: response.incomplete\n",
              b"event: response.failed\n")  # fmt: skip
@@ -191,6 +235,13 @@ class ResponsesDialect(Dialect):
         """The Responses ``error`` event, with OpenAI's error object inside (the ``openai``
         client raises it)."""
         return responses_error_event(err)
+
+    def prefill_leg(self, body: dict[str, Any]) -> dict[str, Any]:
+        """As any prefill leg, and not stored: its one-token answer is no one's to continue
+        (the decode's is, stored where the decode ran)."""
+        leg = super().prefill_leg(body)
+        leg["store"] = False
+        return leg
 
 
 OPENAI = Dialect()

@@ -14,6 +14,7 @@ engine's request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from kvtide.gateway.access_log import Exchange
 from kvtide.gateway.admission import Admission
 from kvtide.gateway.dialects import OPENAI, Dialect
 from kvtide.gateway.metrics import GatewayMetrics
-from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet
+from kvtide.gateway.replicas import PRIORITY_RETRY_S, Replica, ReplicaSet, Stage
 from kvtide.gateway.response_homes import ResponseHomes
 from kvtide.gateway.status import BAD_GATEWAY, ApiError
 from kvtide.gateway.upstream import Response, UpstreamPool
@@ -104,6 +105,73 @@ class _Sent:
         return data
 
 
+class _Routed:
+    """The router's part in one attempt: told when its prefill ends, what its engine
+    reused, and its end (or its cancellation)."""
+
+    __slots__ = ("decision", "route", "router")
+
+    def __init__(self, router: Router, route: RouteRequest, decision: RouteDecision) -> None:
+        self.router = router
+        self.route = route
+        self.decision = decision
+
+    def prefill_done(self, cached: int | None = None, *, on_time: bool = True) -> None:
+        self.router.prefill_done(self.route, self.decision, cached, on_time=on_time)
+
+    def report(self, cached: int) -> None:
+        self.router.report(self.route, self.decision, cached)
+
+    def complete(self) -> None:
+        self.router.complete(self.route, self.decision, 0)
+
+    def cancel(self) -> None:
+        self.router.cancel(self.route, self.decision)
+
+
+class _Unrouted(_Routed):
+    """An attempt the router did not place (a disaggregated request's decode leg, sent to the
+    least loaded decoder): nothing to tell it."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        pass
+
+    def prefill_done(self, cached: int | None = None, *, on_time: bool = True) -> None:
+        pass
+
+    def report(self, cached: int) -> None:
+        pass
+
+    def complete(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+_UNROUTED = _Unrouted()
+
+
+class _Captured:
+    """An ASGI ``send`` that keeps a whole answer (a prefill leg's) for the gateway."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = list(message.get("headers", ()))
+        else:
+            self.body += message.get("body", b"")
+
+
 class Proxy:
     def __init__(
         self,
@@ -112,7 +180,9 @@ class Proxy:
         pool: UpstreamPool,
         metrics: GatewayMetrics,
         now_s: Callable[[], float],
-        choose: Callable[[RouteRequest, str, ReplicaId | None, ReplicaId | None], Chosen | None],
+        choose: Callable[
+            [RouteRequest, str, ReplicaId | None, ReplicaId | None, Stage], Chosen | None
+        ],
         admission: Admission,
         homes: ResponseHomes,
     ) -> None:
@@ -138,11 +208,18 @@ class Proxy:
         exchange: Exchange,
         dialect: Dialect = OPENAI,
         home: ReplicaId | None = None,
+        stage: Stage = None,
     ) -> int:
         """Answers the client through ``send`` (``body``: the request as the engine gets it,
         in ``dialect``'s API); the HTTP status it got. ``exchange`` has the arrival and gets
         the route taken. ``home``: the replica holding what the request builds on (its
-        ``previous_response_id``), which takes it while it can."""
+        ``previous_response_id``), which takes it while it can. Where the model's replicas
+        prefill and decode apart, the request is sent as two legs (``_disaggregated``);
+        ``stage`` says which leg this is."""
+        if stage is None and home is None and self.replicas.disaggregated(model):
+            return await self._disaggregated(
+                send, path, body, route, model, stream, exchange, dialect
+            )
         arrival_s = exchange.arrival_s
         tried = None
         last: _Failed | None = None
@@ -151,7 +228,7 @@ class Proxy:
         while attempt < 2:
             # under a cap per replica: wait for room, then route at once (no await between)
             await self.admission.wait(model, tried)
-            chosen = self.choose(route, model, tried, home)
+            chosen = self.choose(route, model, tried, home, stage)
             if chosen is None:
                 break
             replica, decision = chosen
@@ -175,10 +252,11 @@ class Proxy:
                 payload = orjson.dumps(body)
             try:
                 status = await self._attempt(
-                    send, replica, path, payload, route, decision, stream, exchange, prioritised,
-                    dialect,
+                    send, replica, path, payload, _Routed(self.router, route, decision), stream,
+                    exchange, prioritised, dialect, stage,
                 )  # fmt: skip
-                self.metrics.duration.observe(self.now_s() - arrival_s)
+                if stage is None:
+                    self.metrics.duration.observe(self.now_s() - arrival_s)
                 return status
             except _PriorityRefused:
                 # routed again (the same replica may win), without a priority for this one
@@ -195,6 +273,91 @@ class Proxy:
                 tried = replica.replica_id
                 self._failed_attempt(replica, failed, exchange, attempt)
                 attempt += 1
+        _give_up(last, model)
+
+    async def _disaggregated(
+        self,
+        send: Send,
+        path: str,
+        body: dict[str, Any],
+        route: RouteRequest,
+        model: str,
+        stream: bool,
+        exchange: Exchange,
+        dialect: Dialect,
+    ) -> int:
+        """Prefill on one engine, decode on another, as vLLM's P/D proxies drive engines run
+        with its ``NixlConnector``: the prefill leg (one token, whole, asked to keep its KV
+        for a remote decode) goes where the router says, by prefix, among the replicas that
+        prefill; its answer's ``kv_transfer_params`` go with the client's request to the
+        least loaded replica that decodes, which pulls the KV it lacks and answers the
+        client. The access log's ``replica`` is the prefill's, ``decode_replica`` the
+        decode's; ``cached_tokens`` what the prefill reused (vLLM's decode reports it too,
+        passed on as ``remote_prefill_cached_tokens``)."""
+        leg = _Captured()
+        status = await self.forward(
+            leg,
+            path,
+            dialect.prefill_leg(body),
+            dataclasses.replace(route, output_tokens=1),
+            model,
+            False,
+            exchange,
+            dialect,
+            stage="prefill",
+        )
+        if status != 200:  # the client's error (a 4xx), as the engine words it
+            await respond(send, status, leg.body, leg.headers)
+            self.metrics.duration.observe(self.now_s() - exchange.arrival_s)
+            return status
+        params = dialect.kv_transfer_params(leg.body)
+        if params is None:
+            # an engine without a KV connector: the decode prefills again
+            log.warning(
+                "request %s: engine %s returned no kv_transfer_params (run it with vLLM's "
+                "--kv-transfer-config): its decode prefills the prompt again",
+                exchange.request_id,
+                exchange.replica,
+            )
+        else:
+            body = {**body, "kv_transfer_params": params}
+        exchange.prefilled()
+        payload = orjson.dumps(body)
+        status = await self._decode(send, path, payload, model, stream, exchange, dialect)
+        self.metrics.duration.observe(self.now_s() - exchange.arrival_s)
+        return status
+
+    async def _decode(
+        self,
+        send: Send,
+        path: str,
+        payload: bytes,
+        model: str,
+        stream: bool,
+        exchange: Exchange,
+        dialect: Dialect,
+    ) -> int:
+        """A disaggregated request's decode leg, on the least loaded replica that decodes;
+        retried once on another before its first byte (the prefill's engine keeps the KV
+        until it is pulled)."""
+        tried = None
+        last: _Failed | None = None
+        for attempt in range(2):
+            await self.admission.wait(model, tried)
+            replica = self.replicas.least_loaded(model, tried, "decode")
+            if replica is None:
+                break
+            exchange.attempts += 1
+            exchange.decode_replica = replica.replica_id
+            try:
+                return await self._attempt(
+                    send, replica, path, payload, _UNROUTED, stream, exchange, False, dialect,
+                    "decode",
+                )  # fmt: skip
+            except _Failed as failed:
+                last = failed
+                tried = replica.replica_id
+                self._failed_attempt(replica, failed, exchange, attempt)
         _give_up(last, model)
 
     async def pass_through(
@@ -323,13 +486,16 @@ class Proxy:
         replica: Replica,
         path: str,
         payload: bytes,
-        route: RouteRequest,
-        decision: RouteDecision,
+        routed: _Routed,
         stream: bool,
         exchange: Exchange,
         prioritised: bool,
         dialect: Dialect,
+        stage: Stage = None,
     ) -> int:
+        """One try of a request on ``replica``; ``_Failed`` where it failed before its first
+        byte. ``stage``: the part of a disaggregated request it is (a prefill leg's answer
+        is for the gateway, not the client: no client metrics, no stored answer's home)."""
         replica.in_flight += 1
         gauge = self.metrics.child(self.metrics.in_flight, replica.replica_id)
         gauge.inc()
@@ -347,20 +513,23 @@ class Proxy:
                     raise _Failed("read", exc) from exc
                 if prioritised and resp.status == 400 and _PRIORITY_OFF.search(body):
                     raise _PriorityRefused
-                # the whole answer: its first token came earlier, when is not known
+                # the whole answer: its first token came earlier, when is not known (but
+                # for a prefill leg, whose one token is its answer)
                 cached = dialect.cached(body)
-                exchange.cached_tokens = cached
+                if stage != "decode":
+                    exchange.cached_tokens = cached
                 dialect.usage(exchange, body)
-                if resp.status == 200:
+                if resp.status == 200 and stage is None:
                     self._note_home(dialect, body, replica, exchange)
-                self.router.prefill_done(route, decision, cached, on_time=False)
+                routed.prefill_done(cached, on_time=stage == "prefill")
                 booking.prefilled = True
                 replica.succeeded()
-                self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
+                if stage != "prefill":
+                    self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
                 await respond(send, resp.status, body, headers)
                 return resp.status
             return await self._stream(
-                send, replica, resp, headers, route, decision, booking, exchange, dialect
+                send, replica, resp, headers, routed, booking, exchange, dialect
             )
         finally:
             replica.in_flight -= 1
@@ -369,7 +538,7 @@ class Proxy:
             if resp is not None:
                 resp.close()  # mid-stream (cancelled, failed): the engine sees it go away
             if booking.prefilled:
-                self.router.complete(route, decision, 0)
+                routed.complete()
                 streamed = stream and resp is not None and resp.status == 200
                 output = booking.sent.output
                 if streamed and exchange.completion_tokens is None and output is not None:
@@ -377,7 +546,7 @@ class Proxy:
                     # the tenant is charged is the tokens it was sent
                     exchange.completion_tokens = output.tokens
             else:
-                self.router.cancel(route, decision)
+                routed.cancel()
 
     async def _stream(
         self,
@@ -385,8 +554,7 @@ class Proxy:
         replica: Replica,
         resp: Response,
         headers: list[tuple[bytes, bytes]],
-        route: RouteRequest,
-        decision: RouteDecision,
+        routed: _Routed,
         booking: _Booking,
         exchange: Exchange,
         dialect: Dialect,
@@ -409,7 +577,7 @@ class Proxy:
                     self.metrics.first_byte.observe(self.now_s() - exchange.arrival_s)
                     self._note_home(dialect, chunk, replica, exchange)
                 if not booking.prefilled and not dialect.no_output(chunk):
-                    self.router.prefill_done(route, decision)
+                    routed.prefill_done()
                     booking.prefilled = True
                     exchange.first_token_s = self.now_s()
                 if dialect.usage_mark in chunk:  # usage: the last chunk, or every chunk
@@ -418,7 +586,7 @@ class Proxy:
                         cached = dialect.cached(chunk)
                         if cached is not None:
                             exchange.cached_tokens = cached
-                            self.router.report(route, decision, cached)
+                            routed.report(cached)
                     if hider is not None:
                         chunk = hider.hide(chunk)
                 if dialect.done(chunk):  # the client has it all: end its stream now
@@ -457,7 +625,7 @@ class Proxy:
         if first:  # an empty 200 stream: pass it on as such
             await start_stream(send, 200, headers)
         elif not booking.prefilled:  # no output chunk at all, yet the engine finished
-            self.router.prefill_done(route, decision, on_time=False)
+            routed.prefill_done(on_time=False)
             booking.prefilled = True
         await end_stream(send)
         return 200

@@ -8,6 +8,7 @@ and, while in slow start after an ejection, has fewer requests in flight than it
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 from kvtide.clock import Clock
 from kvtide.gateway.config import Failover, ReplicaSpec
@@ -184,9 +185,13 @@ class ReplicaSet:
             out |= r.models
         return sorted(out)
 
-    def candidates(self, model: str, exclude: ReplicaId | None = None) -> list[Replica]:
-        """The replicas serving ``model`` that can take a request now."""
+    def candidates(
+        self, model: str, exclude: ReplicaId | None = None, stage: Stage = None
+    ) -> list[Replica]:
+        """The replicas serving ``model`` that can take a request now (for one ``stage`` of
+        a disaggregated request: the replicas whose ``role`` is not the other stage's)."""
         cap = self.cap
+        other = _OTHER_STAGE[stage]
         return [
             r
             for r in self.by_id.values()
@@ -194,7 +199,13 @@ class ReplicaSet:
             and r.can_take()
             and r.replica_id != exclude
             and (not cap or r.in_flight < cap)
+            and r.spec.role != other
         ]
+
+    def disaggregated(self, model: str) -> bool:
+        """Whether ``model``'s completions are prefilled and decoded apart: a replica serving
+        it has a ``role`` (``gateway.config.ROLES``)."""
+        return any(model in r.models and r.spec.role != "both" for r in self.by_id.values())
 
     def home(
         self, replica_id: ReplicaId | None, model: str, exclude: ReplicaId | None = None
@@ -208,11 +219,14 @@ class ReplicaSet:
             return None
         return replica
 
-    def least_loaded(self, model: str, exclude: ReplicaId | None = None) -> Replica | None:
+    def least_loaded(
+        self, model: str, exclude: ReplicaId | None = None, stage: Stage = None
+    ) -> Replica | None:
         """The candidate for ``model`` with the fewest requests in flight (this gateway's and,
         as last scraped or shared, the others'), ties taken in turn; for the requests that
-        prefix routing has no part in (``Proxy.pass_through``)."""
-        cands = self.candidates(model, exclude)
+        prefix routing has no part in (``Proxy.pass_through``) and a disaggregated request's
+        decode (the simulator's hand-off rule: ``sim.fleet``)."""
+        cands = self.candidates(model, exclude, stage)
         if not cands:
             return None
         self._turn += 1
@@ -234,6 +248,12 @@ class ReplicaSet:
 
     def serves(self, model: str) -> bool:
         return any(model in r.models for r in self.by_id.values())
+
+
+Stage = Literal["prefill", "decode"] | None
+"""Which part of a disaggregated request a replica is chosen for; None: the whole of one."""
+
+_OTHER_STAGE: dict[Stage, str | None] = {None: None, "prefill": "decode", "decode": "prefill"}
 
 
 def _load(replica: Replica) -> int:

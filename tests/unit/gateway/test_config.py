@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kvtide.cli import build_parser
+from kvtide.cli import serve as serve_cli
 from kvtide.errors import ConfigError
 from kvtide.gateway import config as gateway_config
 from kvtide.gateway.config import ReplicaSpec, load_config
@@ -39,6 +41,7 @@ def test_replica_spec_with_model_and_event_endpoints() -> None:
         ("http://h:0", "port 0 is not a port to connect to"),
         # the host:port is the replica's id (logs, metrics) and its Host header
         ("http://user:pw@h:1", "user or password in the URL is not supported"),
+        ("http://h:1,role=prefil", r"role: expected one of both, prefill, decode, got 'prefil'"),
     ],
 )
 def test_bad_replica_spec_names_the_problem(text: str, match: str) -> None:
@@ -178,6 +181,22 @@ def test_a_bad_replica_flag_is_named_as_the_flag(tmp_path: Path) -> None:
     path.write_text("replicas: [http://h:1]\n")
     with pytest.raises(ConfigError, match=r"^--replica 'http://h:1=m,x': unknown option"):
         load_config(str(path), {"replicas": ["http://h:1=m,x"]})
+
+
+def test_a_replica_role_from_the_spec_a_mapping_or_the_flags(tmp_path: Path) -> None:
+    assert ReplicaSpec.parse("http://h:1=m,role=decode").role == "decode"
+    assert ReplicaSpec.parse("http://h:1").role == "both"
+    raw = {"replicas": [{"url": "http://h:1", "role": "prefill"}]}
+    assert gateway_config.from_mapping(raw).replicas[0].role == "prefill"
+    with pytest.raises(ConfigError, match=r"replicas\[0\]\.role: expected one of"):
+        gateway_config.from_mapping({"replicas": [{"url": "http://h:1", "role": "x"}]})
+    args = build_parser().parse_args(
+        ["serve", "--prefill", "http://h:1=m,events=tcp://h:9", "--decode", "http://h:2"]
+    )
+    assert [ReplicaSpec.parse(s).role for s in serve_cli._replicas(args)] == ["prefill", "decode"]
+    bad = build_parser().parse_args(["serve", "--decode", "http://h:2,role=prefill"])
+    with pytest.raises(ConfigError, match="--decode 'http://h:2,role=prefill': the flag gives"):
+        serve_cli._replicas(bad)
 
 
 def test_a_replica_mapping_keeps_the_model_its_url_names() -> None:

@@ -128,3 +128,30 @@ def test_a_responses_stream_ends_with_the_apis_error_event_holding_openais_error
     assert parsed["type"] == "error" and parsed["message"] == "the gateway is shutting down"
     assert parsed["code"] == parsed["error"]["code"] == "shutting_down"
     assert {"error": parsed["error"]} == json.loads(OPENAI.error_body(err))
+
+
+def test_a_prefill_legs_answer_gives_its_decode_the_kv_transfer_params() -> None:
+    params = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_id": "e"}
+    answer = {"id": "c", "choices": [], "kv_transfer_params": params}
+    for dialect in (OPENAI, RESPONSES, ANTHROPIC):
+        assert dialect.kv_transfer_params(json.dumps(answer).encode()) == params
+    for data in (b'{"id": "c"}', b'{"kv_transfer_params": null}', b'{"kv_transfer_params": {}}',
+                 b'{"kv_transfer_params": [1]}', b"[1]", b"not json"):  # fmt: skip
+        assert OPENAI.kv_transfer_params(data) is None  # no connector: the decode prefills
+
+
+def test_a_prefill_leg_is_one_whole_token_and_the_clients_body_is_left_alone() -> None:
+    body = {"model": "m", "prompt": "x", "stream": True, "max_tokens": 9, "min_tokens": 2,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    leg = OPENAI.prefill_leg(body)
+    assert leg["stream"] is False and leg["max_tokens"] == 1
+    assert "min_tokens" not in leg and "stream_options" not in leg
+    assert leg["kv_transfer_params"]["do_remote_decode"] is True
+    assert body["max_tokens"] == 9 and body["stream"] is True
+    assert "max_completion_tokens" not in leg  # set only where the client gave it
+    chat = OPENAI.prefill_leg({"messages": [], "max_completion_tokens": 7})
+    assert chat["max_completion_tokens"] == 1 and chat["max_tokens"] == 1
+    resp = RESPONSES.prefill_leg({"input": "x", "max_output_tokens": 5, "store": True})
+    assert resp["max_output_tokens"] == 1 and resp["store"] is False
+    assert "max_tokens" not in resp
+    assert ANTHROPIC.prefill_leg({"messages": [], "max_tokens": 99})["max_tokens"] == 1

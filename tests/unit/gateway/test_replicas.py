@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvtide.clock import ManualClock
 from kvtide.gateway.config import Failover, ReplicaSpec
 from kvtide.gateway.health import apply_scrape, parse_engine_metrics
-from kvtide.gateway.replicas import ReplicaSet
+from kvtide.gateway.replicas import ReplicaSet, Stage
 
 
 def _set() -> ReplicaSet:
@@ -138,3 +138,25 @@ def test_the_engines_kv_capacity_comes_from_vllms_cache_config_info() -> None:
     assert other is not None
     apply_scrape(other, parse_engine_metrics(b'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'))
     assert other.state.capacity_blocks == 0 and other.state.kv_utilization == 0.25
+
+
+def test_roles_split_a_models_replicas_into_the_two_legs_of_a_request() -> None:
+    rs = ReplicaSet(Failover(), 16, ManualClock())
+    for port, role in ((1, "prefill"), (2, "prefill"), (3, "decode"), (4, "both")):
+        rs.add(ReplicaSpec(f"http://h:{port}", "m", role=role))
+    rs.add(ReplicaSpec("http://h:5", "n"))
+
+    def ids(stage: Stage) -> list[str]:
+        return [r.replica_id for r in rs.candidates("m", stage=stage)]
+
+    assert ids(None) == ["h:1", "h:2", "h:3", "h:4"]  # a request not split: any of them
+    assert ids("prefill") == ["h:1", "h:2", "h:4"]
+    assert ids("decode") == ["h:3", "h:4"]
+    assert rs.disaggregated("m") and not rs.disaggregated("n")
+    d, b = rs.get("h:3"), rs.get("h:4")
+    assert d is not None and b is not None
+    b.in_flight = 1
+    assert rs.least_loaded("m", stage="decode") is d
+    assert rs.least_loaded("m", exclude=d.replica_id, stage="decode") is b
+    d.is_down = b.is_down = True
+    assert rs.least_loaded("m", stage="decode") is None
