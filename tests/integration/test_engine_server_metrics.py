@@ -20,7 +20,11 @@ TYPES = {
     "vllm:kv_cache_usage_perc": "gauge",
     "vllm:prefix_cache_queries": "counter",
     "vllm:prefix_cache_hits": "counter",
+    "vllm:external_prefix_cache_queries": "counter",
+    "vllm:external_prefix_cache_hits": "counter",
     "vllm:prompt_tokens": "counter",
+    "vllm:prompt_tokens_cached": "counter",
+    "vllm:prompt_tokens_by_source": "counter",
     "vllm:generation_tokens": "counter",
     "vllm:request_success": "counter",
     "vllm:time_to_first_token_seconds": "histogram",
@@ -103,6 +107,11 @@ def test_counters_agree_with_usage_and_engine_stats() -> None:
     assert delta["vllm:generation_tokens_total"] == sum(u.completion_tokens for u in usages)
     assert delta["vllm:prefix_cache_queries_total"] == prompt
     assert delta["vllm:prefix_cache_hits_total"] == cached
+    assert delta["vllm:prompt_tokens_cached_total"] == cached
+    assert delta["vllm:prompt_tokens_by_source_total"] == prompt  # its sources, summed
+    # no KV connector: nothing queried or loaded from another engine
+    assert delta["vllm:external_prefix_cache_queries_total"] == 0
+    assert delta["vllm:external_prefix_cache_hits_total"] == 0
     assert delta["vllm:request_success_total:length"] == len(prompts)
     assert delta["vllm:time_to_first_token_seconds_count"] == len(prompts)
     assert delta["vllm:e2e_request_latency_seconds_count"] == len(prompts)

@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "preset it runs the simulator's engine (continuous batching, chunked prefill, "
             "prefix cache, evictions) in real time, --speedup times faster than the GPU "
             "would, and streams filler text; with --model smollm2-135m it runs SmolLM2-135M "
-            "on the CPU. KV events go out in vLLM's ZMQ format with --kv-events-port."
+            "on the CPU. KV events go out in vLLM's ZMQ format with --kv-events-port. With "
+            "--kv-transfer-config it takes vLLM's kv_transfer_params for disaggregated prefill "
+            "and decode, as vLLM with NixlConnector does."
         ),
     )
     port = flag(integer, minimum=0, maximum=65535)
@@ -134,10 +136,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="keep /v1/responses answers for previous_response_id and GET /v1/responses/ID, "
         "as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1 (the default: that variable)",
     )  # fmt: skip
+    p.add_argument(
+        "--kv-transfer-config", metavar="JSON",
+        help="as vLLM's, e.g. '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}': "
+        "a request's kv_transfer_params make a prefill answer where its KV lies "
+        "(do_remote_decode) or a decode load the prompt's KV over the NIC from such an engine "
+        "(do_remote_prefill); engine_id defaults to a fresh uuid4, the answers' remote_host "
+        "and remote_port to $VLLM_NIXL_SIDE_CHANNEL_HOST (localhost) and _PORT (5600)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    # the server's modules (asyncio, the HTTP stack) load only when it runs, not for --help
+    from kvtide.engine_server.kv_transfer import parse_kv_transfer_config
     from kvtide.engine_server.server import ServerConfig
     from kvtide.engine_server.server import run as serve
 
@@ -168,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
         api_keys=_api_keys(args.api_key),
         responses_store=args.responses_store
         or os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") not in ("", "0"),
+        kv_transfer=None
+        if args.kv_transfer_config is None
+        else parse_kv_transfer_config(args.kv_transfer_config, *_side_channel()),
     )
     check_writable(args.records, "--records")
     _log_alerts()
@@ -182,6 +197,16 @@ def _api_keys(given: list[str] | None) -> tuple[str, ...]:
     if any(not k for k in keys):
         raise ConfigError("--api-key: empty")
     return tuple(keys)
+
+
+def _side_channel() -> tuple[str, int]:
+    """The NIXL side channel a prefill's ``kv_transfer_params`` name, from vLLM's variables
+    (with its defaults)."""
+    port = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")
+    try:
+        return os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"), int(port)
+    except ValueError:
+        raise ConfigError(f"VLLM_NIXL_SIDE_CHANNEL_PORT: not an integer: {port!r}") from None
 
 
 def _log_alerts() -> None:

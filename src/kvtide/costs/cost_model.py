@@ -377,6 +377,13 @@ class CostModel:
         )
 
 
+def network_transfer_s(model: CostModel, tokens: int) -> float:
+    """Seconds to ship ``tokens`` tokens of KV between two instances over their NICs (each
+    tensor-parallel rank sends its shard over its own NIC share, in parallel): the simulator's
+    cross-replica fetches and hand-offs, and the emulated engine's disaggregated-prefill loads."""
+    return model.kv_bytes(tokens) / (model.gpu.network_bytes_per_s * model.tp)
+
+
 def _check_count(name: str, value: int) -> None:
     if not value >= 0:  # NaN too
         raise UsageError(f"{name} must be >= 0, got {value}")

@@ -13,7 +13,9 @@ The driver keeps the model's own timeline: the iteration after one that ended at
 at ``t`` even if ``on_wake`` comes late (a timer that wakes a few ms late does not make the
 engine slower), but never before the arrival of a request it admits. Calling ``on_wake`` early
 does nothing but report tokens already due. A new arrival or an abort cuts a fused decode run
-short at the step boundary after ``now``, where a real engine would notice it.
+short at the step boundary after ``now``, where a real engine would notice it; so does a
+request's remote KV arriving (a disaggregated decode's load), and an engine with nothing to run
+but such a load sleeps until it has arrived.
 
 With ``stream_tokens`` (the default, for servers) every generated token is one ``StepOutput``
 at its own time, inside fused decode runs too, and ``next_wake_s`` is the next token's time.
@@ -42,12 +44,13 @@ class StepOutput:
     ``num_generated`` counts the request's output tokens once this step's token is out (the
     token's index is ``num_generated - 1``). ``cached_tokens`` is set on the first token only:
     the prompt tokens found cached, as vLLM reports them in
-    ``usage.prompt_tokens_details.cached_tokens`` (whole blocks, at most ``prompt - 1``
-    tokens, reloaded and fetched blocks included). ``hit_tokens`` (first token only) is the
-    engine's own hit count: every cached full block, the recomputed last one and host hits
-    that were recomputed included. ``finish_reason`` is ``"length"`` when the request reached
-    its output limit (its ``record`` is set then), ``"abort"`` when it was aborted, else
-    ``None``.
+    ``usage.prompt_tokens_details.cached_tokens`` (the local hit in whole blocks, at most
+    ``prompt - 1`` tokens, reloaded blocks included, plus the tokens fetched after it: a
+    remote prefill's count to the whole prompt). ``fetched_tokens`` (first token only) is the
+    fetched part of it. ``hit_tokens`` (first token only) is the engine's own hit count: every
+    cached full block, the recomputed last one and host hits that were recomputed included.
+    ``finish_reason`` is ``"length"`` when the request reached its output limit (its
+    ``record`` is set then), ``"abort"`` when it was aborted, else ``None``.
     """
 
     request_id: str
@@ -56,6 +59,7 @@ class StepOutput:
     is_first_token: bool = False
     cached_tokens: int = 0
     hit_tokens: int = 0
+    fetched_tokens: int = 0
     finish_reason: str | None = None
     record: RequestRecord | None = None
 
@@ -95,12 +99,14 @@ class EngineDriver:
         arrival_s: float | None = None,
         first_token_s: float | None = None,
         priority: int = 0,
+        remote_tokens: int = 0,
     ) -> None:
         """Queues ``request`` (its full prompt blocks hash to ``hashes``) arriving at ``now``.
         ``arrival_s`` overrides the arrival recorded (a request re-routed after a failure);
         ``first_token_s``: prefilled elsewhere; ``priority``: its place among the waiting
-        under the ``"priority"`` policy (see ``Scheduler.add``). Raises ``CapacityError`` if
-        it can never fit."""
+        under the ``"priority"`` policy; ``remote_tokens``: prompt tokens whose KV another
+        engine holds, to be loaded (see ``Scheduler.add``). Raises ``CapacityError`` if it
+        can never fit."""
         self._plan()  # the iteration before the arrival is planned without it
         self.scheduler.add(
             request,
@@ -108,6 +114,7 @@ class EngineDriver:
             arrival_s=now if arrival_s is None else arrival_s,
             first_token_s=first_token_s,
             priority=priority,
+            remote_tokens=remote_tokens,
         )
         self._added_s = now
         self._notice(now)
@@ -155,7 +162,7 @@ class EngineDriver:
         self._plan()
         batch = self._batch
         if batch is None:
-            return None
+            return self.scheduler.next_ready_s
         if self.stream and self._emitted + 1 < self._steps:
             return batch.end_s(self._emitted + 1)
         return batch.end_s(self._steps)
@@ -167,8 +174,15 @@ class EngineDriver:
         iteration that yields outputs, its successor not planned yet (``next_wake_s`` plans
         it, and may be ``now`` or earlier: call again)."""
         self._plan()
-        while self._batch is not None:
+        while True:
             batch = self._batch
+            if batch is None:
+                # idle but for remote KV on its way: the engine resumes when it has arrived
+                ready_s = self.scheduler.next_ready_s
+                if ready_s is None or ready_s > now:
+                    break
+                self._start(ready_s if ready_s >= self._added_s else self._added_s)
+                continue
             end_s = batch.end_s(self._steps)
             if self.stream and self._emitted + 1 < self._steps:
                 self._stream_run(batch, min(now, end_s))
@@ -208,10 +222,16 @@ class EngineDriver:
     # --- the loop -------------------------------------------------------------------------
 
     def _start(self, start_s: float) -> None:
-        batch = self.scheduler.schedule(start_s)
+        scheduler = self.scheduler
+        batch = scheduler.schedule(start_s)
         self._batch = batch
         self._steps = batch.num_steps if batch is not None else 0
         self._emitted = 0
+        ready_s = scheduler.next_ready_s
+        if batch is not None and ready_s is not None and ready_s > start_s and self._steps > 1:
+            # remote KV arriving mid-run ends the run at the step boundary after it, as an
+            # arrival would: the parked request joins the next iteration
+            self._steps = min(self._steps, batch.steps_by(ready_s))
 
     def _stream_run(self, batch: Batch, until_s: float) -> None:
         """Reports the decode tokens of the steps before the run's last that end by
@@ -262,6 +282,7 @@ class EngineDriver:
             is_first_token=first,
             cached_tokens=seq.cached_tokens if first else 0,
             hit_tokens=max(seq.hit_tokens, 0) if first else 0,
+            fetched_tokens=seq.fetched_tokens if first else 0,
             finish_reason="length" if record is not None else None,
             record=record,
         )

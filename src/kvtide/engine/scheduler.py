@@ -8,7 +8,9 @@ from the pool, after an O(1) check that they fit (a request that cannot fit evic
 A full prompt block enters the cache when the chunk computing it is scheduled (other requests
 of that iteration may share it, as in vLLM) and is announced (``BlockStored``) only when that
 iteration completes. When the pool runs dry the newest running request is preempted and later
-recomputed; ``abort`` drops a request wherever it is.
+recomputed; ``abort`` drops a request wherever it is. A request whose prompt KV another engine
+computed (disaggregated prefill) loads the part it lacks over the NIC, parked with its blocks
+while other requests run, as vLLM's NixlConnector parks it in WAITING_FOR_REMOTE_KVS.
 
 Driven by a Clock: ``schedule()`` plans an iteration (or a run of decode-only iterations that
 nothing can change), the caller lets its time pass, and ``complete()`` applies it. The
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvtide.clock import Clock
@@ -27,9 +30,9 @@ from kvtide.core.events import KVEvent
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.node import Node
 from kvtide.core.tiers import TieredCache
-from kvtide.engine.prefix_source import NO_FETCH, NoSource, PrefixSource
+from kvtide.engine.prefix_source import NoSource, PrefixSource
 from kvtide.engine.timing import DecodeRun, IterationTimer
-from kvtide.errors import CapacityError, ConfigError
+from kvtide.errors import CapacityError, ConfigError, UsageError
 from kvtide.types import Request
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -105,6 +108,7 @@ class Sequence:
         "host_hit_tokens",
         "is_prefilled",
         "kv_capacity_tokens",
+        "load_s",
         "num_computed",
         "num_generated",
         "num_preemptions",
@@ -116,6 +120,8 @@ class Sequence:
         "prefill_tokens",
         "priority",
         "private",
+        "ready_s",
+        "remote_tokens",
         "request",
         "tree_blocks",
     )
@@ -145,6 +151,9 @@ class Sequence:
         self.host_hit_tokens = 0
         self.disk_hit_tokens = 0
         self.onboard_s = 0.0  # transfer time charged to the first chunk's iteration
+        self.remote_tokens = 0  # prompt tokens whose KV another engine holds, until loaded
+        self.load_s = 0.0  # the remote load's NIC time, from admission until parked
+        self.ready_s = 0.0  # when a parked request's remote KV has arrived
         self.prefill_tokens = 0
         self.num_preemptions = 0
 
@@ -215,6 +224,9 @@ class Scheduler:
     decides, and device evictions are written down. ``source`` offers prompt blocks held
     elsewhere (other replicas). Reloads and fetches count as hits; the part of their transfer
     time that the request's own prefill does not hide is added to the iteration that starts it.
+    ``network_s(tokens)`` is the NIC time of loading ``tokens`` tokens of a request's remote
+    prefill (``add(..., remote_tokens=)``); such loads take turns on the NIC and stall no
+    iteration.
     """
 
     def __init__(
@@ -225,6 +237,7 @@ class Scheduler:
         clock: Clock,
         source: PrefixSource | None = None,
         tiers: TieredCache | None = None,
+        network_s: Callable[[int], float] | None = None,
     ) -> None:
         if tiers is not None and tiers.device is not cache:
             raise ConfigError("the engine's cache must be the tiered cache's device tier")
@@ -234,9 +247,13 @@ class Scheduler:
         self.timer = timer
         self.clock = clock
         self.source: PrefixSource = source or NoSource()
+        self.network_s = network_s
         self.block_tokens = cache.config.block_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.loading: deque[Sequence] = deque()
+        """Admitted requests waiting for their remote KV, holding their blocks, by ``ready_s``."""
+        self._nic_free_s = 0.0  # when the NIC has finished the remote loads given to it
         self._by_priority = config.scheduling_policy == "priority"
         self._arrivals = 0
         self.stats = EngineStats()
@@ -253,11 +270,21 @@ class Scheduler:
         arrival_s: float | None = None,
         first_token_s: float | None = None,
         priority: int = 0,
+        remote_tokens: int = 0,
     ) -> None:
         """Queues ``request`` whose full prompt blocks hash to ``hashes``. With
         ``first_token_s`` the request was prefilled elsewhere (a decode instance after
         disaggregated prefill): its prompt KV arrives computed and its first token is out.
-        ``priority`` orders it among the waiting under the ``"priority"`` policy."""
+        ``priority`` orders it among the waiting under the ``"priority"`` policy.
+        ``remote_tokens``: the prompt's first tokens whose KV another engine computed (vLLM's
+        ``do_remote_prefill``); what the local prefix lacks of them is loaded at admission
+        (see ``_load_remote``), then the rest of the prompt is computed here."""
+        if not 0 <= remote_tokens <= request.prompt_tokens:
+            raise UsageError(
+                f"remote_tokens must lie in [0, {request.prompt_tokens}], got {remote_tokens}"
+            )
+        if remote_tokens and self.network_s is None:
+            raise UsageError("a remote prefill's KV needs an engine with network_s")
         need = self._blocks_for(request.prompt_tokens + max(1, request.output_tokens))
         if need > self.cache.capacity_blocks:
             raise CapacityError(
@@ -270,6 +297,7 @@ class Scheduler:
             seq.first_token_s = first_token_s
             seq.generate(1)
         seq.priority = priority
+        seq.remote_tokens = remote_tokens
         seq.order = self._arrivals
         self._arrivals += 1
         if self._by_priority:
@@ -290,11 +318,18 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.loading)
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Requests not running: queued, or parked for their remote KV (vLLM counts both)."""
+        return len(self.waiting) + len(self.loading)
+
+    @property
+    def next_ready_s(self) -> float | None:
+        """When the first parked request's remote KV has arrived (it may run from then on);
+        ``None`` when none is parked."""
+        return self.loading[0].ready_s if self.loading else None
 
     @property
     def num_running(self) -> int:
@@ -324,8 +359,11 @@ class Scheduler:
     def schedule(self, start_s: float | None = None) -> Batch | None:
         """Plans the next iteration from ``start_s`` (default: now); ``None`` when there is
         nothing to run."""
-        if not self.running and not self.waiting:
+        if not self.running and not self.waiting and not self.loading:
             return None
+        now = self.clock.now() if start_s is None else start_s
+        if self.loading:
+            self._promote(now)
         budget = self.config.max_batched_tokens
         prefill: list[tuple[Sequence, int]] = []
         decode: list[Sequence] = []
@@ -342,13 +380,13 @@ class Scheduler:
                 decode.append(seq)
                 budget -= 1
         if not preempted or not self.running:
-            budget = self._admit(budget, prefill, decode)
+            budget = self._admit(budget, prefill, decode, now)
         if not prefill and not decode:
-            # Nothing fits even alone: the caller must wait for a completion. Whatever the
-            # cache did meanwhile (evictions for a preemption) is no one's computation.
+            # Nothing fits even alone, or only remote KV is on its way: the caller must wait
+            # for a completion or for ``next_ready_s``. Whatever the cache did meanwhile
+            # (evictions for a preemption or a parked request) is no one's computation.
             self._ready_events.extend(self._cache_events())
             return None
-        now = self.clock.now() if start_s is None else start_s
         if prefill:
             timer = self.timer
             chunks = [(n, s.num_computed) for s, n in prefill]
@@ -382,7 +420,11 @@ class Scheduler:
         return self.timer.decode_run(len(decode), context, steps)
 
     def _admit(
-        self, budget: int, prefill: list[tuple[Sequence, int]], decode: list[Sequence]
+        self,
+        budget: int,
+        prefill: list[tuple[Sequence, int]],
+        decode: list[Sequence],
+        now: float,
     ) -> int:
         max_seqs = self.config.max_num_seqs
         while budget > 0 and self.waiting and len(self.running) < max_seqs:
@@ -390,6 +432,9 @@ class Scheduler:
             if not self._allocate_prompt(seq):
                 break
             self.waiting.popleft()
+            if seq.load_s:
+                self._park(seq, now)
+                continue
             self.running.append(seq)
             if not seq.is_prefilling:  # prefilled elsewhere: it decodes right away
                 decode.append(seq)
@@ -400,6 +445,23 @@ class Scheduler:
             self._cache_computed(seq, seq.num_computed + chunk)
             budget -= chunk
         return budget
+
+    def _park(self, seq: Sequence, now: float) -> None:
+        """An admitted request waits for its remote KV holding its blocks, as vLLM parks it in
+        WAITING_FOR_REMOTE_KVS: it takes no token budget and no running slot meanwhile. Loads
+        take turns on the NIC (each transfer at its full rate, one after another)."""
+        start = now if now > self._nic_free_s else self._nic_free_s
+        seq.ready_s = self._nic_free_s = start + seq.load_s
+        seq.load_s = 0.0
+        self.loading.append(seq)
+
+    def _promote(self, now: float) -> None:
+        """Parked requests whose KV has arrived by ``now`` join the running ones (while there
+        are running slots), to compute their last prompt token next."""
+        loading, running = self.loading, self.running
+        max_seqs = self.config.max_num_seqs
+        while loading and loading[0].ready_s <= now and len(running) < max_seqs:
+            running.append(loading.popleft())
 
     # --- KV -------------------------------------------------------------------------------
 
@@ -453,7 +515,6 @@ class Scheduler:
             return False
         hit_blocks = match.num_blocks
         handle = match.handle
-        fetch = NO_FETCH
         host = disk = 0
         if tiers is None:
             usable = hit_blocks * bt
@@ -479,10 +540,14 @@ class Scheduler:
                 computed = max(target - usable, 1)
                 prefill_s = tiers.cost.prefill_time(computed, min(usable, target - 1))
                 seq.onboard_s = max(0.0, access.onboard_s - prefill_s)
-        if usable < len(hashes) * bt:
+        fetched = 0
+        if seq.remote_tokens:
+            usable, fetched = self._load_remote(seq, usable)
+        elif usable < len(hashes) * bt:
             fetch = self.source.fetch(hashes, usable // bt)
             if fetch.num_blocks:
                 usable += fetch.num_blocks * bt
+                fetched = fetch.num_blocks * bt
                 seq.onboard_s += fetch.seconds
         private = self._take_blocks(total_blocks - hit_blocks)
         assert private is not None, "the room was checked with the prefix locked"
@@ -496,11 +561,27 @@ class Scheduler:
         if seq.hit_tokens < 0:
             if tiers is None:  # first admission: the cache counts and classifies the lookup
                 cache.count_lookup(hashes, hit_blocks, req.prompt_tokens, tenant=req.tenant)
-            fetched = fetch.num_blocks * bt
             self._count_hits(
                 seq, max(hit, usable), usable=usable, fetched=fetched, host=host, disk=disk
             )
         return True
+
+    def _load_remote(self, seq: Sequence, usable: int) -> tuple[int, int]:
+        """A remote prefill's KV, as vLLM's NixlConnector takes it on the decode side
+        (``get_num_new_matched_tokens``, pull mode): the local hit counts in whole blocks and
+        at most prompt - 1 tokens, the remote's tokens after it are loaded (``load_s`` on the
+        NIC), and the last prompt token is then recomputed. Once per request, as vLLM's
+        connector transfers once: a request preempted later recomputes its prompt here.
+        Returns the usable tokens (local and loaded) and the loaded ones."""
+        remote, seq.remote_tokens = seq.remote_tokens, 0
+        bt = self.block_tokens
+        local = min(usable, (seq.request.prompt_tokens - 1) // bt * bt)
+        loaded = remote - local
+        if loaded <= 0:
+            return usable, 0
+        assert self.network_s is not None, "add() refuses remote tokens without network_s"
+        seq.load_s = self.network_s(loaded)
+        return local + loaded, loaded
 
     def _cache_computed(self, seq: Sequence, tokens: int) -> None:
         """Puts the prompt's full blocks among its first ``tokens`` tokens into the cache (a
@@ -547,10 +628,12 @@ class Scheduler:
         """``hit``: prompt tokens found cached in any tier (recomputed ones included);
         ``usable``: those whose KV the request really takes (device, reloaded, fetched)."""
         seq.hit_tokens = hit
-        # vLLM caps a prefix hit at prompt - 1 tokens in whole blocks (the last token is always
-        # computed) and reports what it takes, local and loaded blocks alike, as cached_tokens.
+        # vLLM caps a local prefix hit at prompt - 1 tokens in whole blocks (the last token is
+        # always computed) and reports what it takes as cached_tokens, plus what a KV
+        # connector loaded after it (its PrefillStats: local + external cached tokens).
         prompt = seq.request.prompt_tokens
-        seq.cached_tokens = min(usable, (prompt - 1) // self.block_tokens * self.block_tokens)
+        local = min(usable - fetched, (prompt - 1) // self.block_tokens * self.block_tokens)
+        seq.cached_tokens = local + fetched
         seq.fetched_tokens = fetched
         seq.host_hit_tokens = host
         seq.disk_hit_tokens = disk
@@ -715,17 +798,13 @@ class Scheduler:
         longer carries it; if it decodes in a planned run, that run's first ``run_steps_done``
         steps count as done for it (their tokens were out). Returns the sequence, or ``None``
         if no such request is in the engine."""
-        for seq in self.waiting:
-            if seq.request.request_id == request_id:
-                self.waiting.remove(seq)
-                break
-        else:
-            for seq in self.running:
-                if seq.request.request_id == request_id:
-                    self.running.remove(seq)
-                    break
-            else:
-                return None
+        seq = (
+            _take(self.waiting, request_id)
+            or _take(self.loading, request_id)
+            or _take(self.running, request_id)
+        )
+        if seq is None:
+            return None
         planned = self._planned
         if planned is not None:
             if seq in planned.decode:
@@ -742,12 +821,23 @@ class Scheduler:
     def drain(self) -> list[Sequence]:
         """Drops every request (a crash): releases their KV and returns them, oldest first."""
         self._planned = None
-        seqs = sorted(self.running, key=lambda s: s.arrival_s) + list(self.waiting)
-        for seq in self.running:
+        held = [*self.running, *self.loading]
+        seqs = sorted(held, key=lambda s: s.arrival_s) + list(self.waiting)
+        for seq in held:
             self._release(seq)
         self.running.clear()
+        self.loading.clear()
         self.waiting.clear()
         return seqs
+
+
+def _take(seqs: deque[Sequence] | list[Sequence], request_id: str) -> Sequence | None:
+    """Removes and returns request ``request_id`` from ``seqs``, if it is there."""
+    for seq in seqs:
+        if seq.request.request_id == request_id:
+            seqs.remove(seq)
+            return seq
+    return None
 
 
 def _rank(seq: Sequence) -> tuple[int, float, int]:

@@ -45,6 +45,7 @@ from kvtide.engine_server.api_errors import (
     UNAVAILABLE,
     bad_request,
 )
+from kvtide.engine_server.kv_transfer import NixlConnector, reported_cached_tokens
 from kvtide.engine_server.messages import MessageFrames, anthropic_usage, message_body
 from kvtide.engine_server.metrics import CONTENT_TYPE, EngineMetrics
 from kvtide.engine_server.protocol import (
@@ -103,6 +104,7 @@ class Backend(Protocol):
         max_tokens: int,
         cache_salt: str | None,
         priority: int = 0,
+        remote_tokens: int = 0,
     ) -> RequestStream: ...
 
     def abort(self, request_id: str) -> None: ...
@@ -139,9 +141,18 @@ class EngineApp:
     the ones in flight finish."""
 
     def __init__(
-        self, backend: Backend, tokenizer: Tokenizer, metrics: EngineMetrics, limits: ApiLimits
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        metrics: EngineMetrics,
+        limits: ApiLimits,
+        connector: NixlConnector | None = None,
     ) -> None:
+        """``connector``: vLLM's NixlConnector (``--kv-transfer-config``), which takes a
+        request's ``kv_transfer_params``; without it they are read and ignored, as vLLM
+        ignores them without a connector."""
         self.backend = backend
+        self.connector = connector
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.limits = limits
@@ -407,8 +418,12 @@ class EngineApp:
             )
         prefix = _ID_PREFIXES[gen.kind]
         rid = f"{prefix}{self._id_prefix}{next(self._ids)}"
+        connector = self.connector
+        remote = 0 if connector is None else connector.remote_tokens(gen.kv_transfer, len(ids))
         try:
-            stream = backend.submit(rid, ids, max_tokens, gen.cache_salt, gen.priority)
+            stream = backend.submit(
+                rid, ids, max_tokens, gen.cache_salt, gen.priority, remote_tokens=remote
+            )
         except CapacityError as exc:
             raise bad_request(str(exc), "prompt") from exc
         # before the first await: no token can have been pushed yet
@@ -439,9 +454,10 @@ class EngineApp:
         if text is None:
             return  # the client went away
         build = completion_body if gen.kind == "completion" else chat_body
-        use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+        use = usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
         model = self.limits.served_model_name
         body = build(rid, epoch_s(), model, echo + text, _finish(stream), stream.stop_reason, use)
+        body["kv_transfer_params"] = self._kv_answer(gen, rid, stream)
         await respond(send, 200, orjson.dumps(body), JSON)
 
     async def _stream(
@@ -466,17 +482,19 @@ class EngineApp:
                 texts = [echo + (texts[0] if texts else ""), *texts[1:]]
                 echo = ""
             stop = stream.stop_reason
+            # vLLM's final chunk carries the prefill's kv_transfer_params
+            kv = None if finish is None else self._kv_answer(gen, rid, stream)
             out = [frame.token(t) for t in texts[:-1]] if texts else []
             if texts:
-                out.append(frame.token(texts[-1], finish, stop))
+                out.append(frame.token(texts[-1], finish, stop, kv))
             elif finish is not None:
-                out.append(frame.token("", finish, stop))
+                out.append(frame.token("", finish, stop, kv))
             if out and role is not None:
                 out.insert(0, role)
                 role = None
             if finish is not None:
                 if gen.include_usage:
-                    use = usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+                    use = usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
                     out.append(frame.usage(use))
                 out.append(DONE)
                 await send({"type": "http.response.body", "body": b"".join(out)})
@@ -491,8 +509,11 @@ class EngineApp:
             text = await _whole_text(stream)
             if text is None:
                 return  # the client went away
-            use = anthropic_usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+            use = anthropic_usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
             body = message_body(rid, model, text, _finish(stream), stream.stop_reason, use)
+            kv = self._kv_answer(gen, rid, stream)
+            if kv is not None:  # vLLM leaves out a message's null fields
+                body["kv_transfer_params"] = kv
             await respond(send, 200, orjson.dumps(body), JSON)
             return
         frames = MessageFrames(rid, model)
@@ -505,11 +526,11 @@ class EngineApp:
                 return  # the client went away
             out = [frames.text(t) for t in taken if t]
             if (out or finished) and not frames.started:  # with the first output, as vLLM
-                use = anthropic_usage(stream.prompt_tokens, 0, stream.cached_tokens)
+                use = anthropic_usage(stream.prompt_tokens, 0, _cached(gen, stream))
                 out.insert(0, frames.start(use))
             if finished:
                 use = anthropic_usage(
-                    stream.prompt_tokens, stream.num_generated, stream.cached_tokens
+                    stream.prompt_tokens, stream.num_generated, _cached(gen, stream)
                 )
                 out.append(frames.end(_finish(stream), stream.stop_reason, use))
                 await send({"type": "http.response.body", "body": b"".join(out)})
@@ -554,8 +575,9 @@ class EngineApp:
             text = whole
         status = item_status(_finish(stream))
         output = [message_item(item_id, text, status)] if text else []
-        use = responses_usage(stream.prompt_tokens, stream.num_generated, stream.cached_tokens)
+        use = responses_usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
         final = response_body(rid, created, model, request, output, status, use)
+        final["kv_transfer_params"] = self._kv_answer(gen, rid, stream)
         dumped = orjson.dumps(final)
         if self._store is not None and request.get("store", True) is not False:
             assert gen.chat is not None
@@ -565,6 +587,21 @@ class EngineApp:
         else:
             body = out + events.end(final)
             await send({"type": "http.response.body", "body": body})
+
+    def _kv_answer(self, gen: Generation, rid: str, stream: RequestStream) -> dict[str, Any] | None:
+        """The ``kv_transfer_params`` a finished request answers with: a prefill's for the
+        decode engine (vLLM's ``request_finished``) when it asked for a remote decode and the
+        engine finished it, not a stop string or the client; else None, as vLLM."""
+        connector, params = self.connector, gen.kv_transfer
+        if connector is None or params is None or not params.do_remote_decode:
+            return None
+        if not stream.is_length_capped:
+            return None
+        # its prefill's figures went out with its first token, and vLLM adds them only then
+        cached = stream.cached_tokens if stream.num_generated == 1 else None
+        # vLLM's num_computed_tokens: the last token sampled has no KV yet
+        computed = stream.prompt_tokens + stream.num_generated - 1
+        return connector.prefill_answer(rid, computed, cached)
 
     def _echo(self, gen: Generation, ids: list[int]) -> str:
         """What a completion with ``echo`` puts before its output, as vLLM: the prompt's text
@@ -616,6 +653,10 @@ class EngineApp:
         if gen.prompt_ids is not None:
             self._check_ids(gen.prompt_ids, "prompt")
             return list(gen.prompt_ids)
+        reused = gen.kv_transfer.prompt_token_ids if gen.kv_transfer is not None else None
+        if reused is not None:  # a decode leg takes its prefill's rendering, as vLLM
+            self._check_ids(reused, "kv_transfer_params.prompt_token_ids")
+            return list(reused)
         if gen.prompt_text is not None:
             ids = self.tokenizer.encode(gen.prompt_text, gen.add_special_tokens)
         else:
@@ -646,6 +687,11 @@ async def _whole_text(stream: RequestStream) -> str | None:
     return None if stream.finish_reason == "abort" else "".join(texts)
 
 
+def _cached(gen: Generation, stream: RequestStream) -> int:
+    """``usage``'s cached tokens: the engine's, or a remote prefill's own (``kv_transfer``)."""
+    return reported_cached_tokens(gen.kv_transfer, stream.cached_tokens)
+
+
 def _finish(stream: RequestStream) -> str:
     reason = stream.finish_reason
     return "length" if reason is None else reason
@@ -673,19 +719,28 @@ class _Frames:
             + self._tail
         )
 
-    def token(self, text: str, finish: str | None = None, stop: str | None = None) -> bytes:
+    def token(
+        self,
+        text: str,
+        finish: str | None = None,
+        stop: str | None = None,
+        kv: dict[str, Any] | None = None,
+    ) -> bytes:
         t = orjson.dumps(text)
         f = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        tail = (
+            self._tail if kv is None else b'],"kv_transfer_params":' + orjson.dumps(kv) + b"}\n\n"
+        )
         if self._chat:
             choice = b'{"index":0,"delta":{"content":' + t + b'},"logprobs":null,"finish_reason":'
             if finish is None:
-                return self._head + choice + f + b"}" + self._tail
+                return self._head + choice + f + b"}" + tail
             # vLLM sets a chat chunk's stop_reason on the final one only
             s = orjson.dumps(stop)
-            return self._head + choice + f + b',"stop_reason":' + s + b"}" + self._tail
+            return self._head + choice + f + b',"stop_reason":' + s + b"}" + tail
         s = orjson.dumps(stop)
         choice = b'{"index":0,"text":' + t + b',"logprobs":null,"finish_reason":' + f
-        return self._head + choice + b',"stop_reason":' + s + b"}" + self._tail
+        return self._head + choice + b',"stop_reason":' + s + b"}" + tail
 
     def usage(self, use: dict[str, Any]) -> bytes:
         return self._head + b'],"usage":' + orjson.dumps(use) + b"}\n\n"

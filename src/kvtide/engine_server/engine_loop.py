@@ -143,10 +143,12 @@ class EmulatedEngine:
         max_tokens: int,
         cache_salt: str | None,
         priority: int = 0,
+        remote_tokens: int = 0,
     ) -> RequestStream:
         """Queues a request now (``priority``: its place among the waiting under the
-        ``priority`` scheduling policy); raises ``CapacityError`` when it can never fit the
-        KV pool."""
+        ``priority`` scheduling policy; ``remote_tokens``: prompt tokens whose KV a prefill
+        engine holds, loaded over this engine's NIC); raises ``CapacityError`` when it can
+        never fit the KV pool."""
         now = self.clock.now()  # the arrival, before the engine's own work on the request
         self._catch_up(now)
         hashes = self.hashes_for(token_ids, cache_salt)
@@ -157,7 +159,7 @@ class EmulatedEngine:
             output_tokens=max_tokens,
             block_tokens=self.block_tokens,
         )
-        self.driver.add(request, hashes, now, priority=priority)
+        self.driver.add(request, hashes, now, priority=priority, remote_tokens=remote_tokens)
         stream = RequestStream(request_id, len(token_ids), max_tokens, self.metrics)
         self._streams[request_id] = stream
         if self.blocks is not None:
@@ -216,11 +218,12 @@ class EmulatedEngine:
                 self._end(stream, "abort")
                 continue
             if out.is_first_token:
-                stream.first_token(out.cached_tokens)
+                stream.first_token(out.cached_tokens, out.fetched_tokens)
             stream.push(filler[(out.num_generated - 1) % k])
             if out.record is not None:
                 self.on_record(out.record)
             if out.finish_reason is not None:
+                stream.is_length_capped = out.finish_reason == "length"
                 self._end(stream, out.finish_reason)
             elif stream.is_finished:
                 # a stop string ended it at this token: leave the engine now, before its next

@@ -32,6 +32,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+"""vLLM's ``PromptTokenStats.ALL_SOURCES``, the labels of ``vllm:prompt_tokens_by_source``."""
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LABELS = ("model_name", "engine")
 
@@ -63,12 +65,19 @@ class _Histogram:
 class EngineMetrics:
     """The counters, gauges and histograms of one engine; ``render()`` is the /metrics body."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, *, kv_connector: bool = False) -> None:
+        """``kv_connector``: the engine runs a KV connector (``--kv-transfer-config``), whose
+        queries vLLM counts for every request."""
         self.labels = [model_name, "0"]
+        self.kv_connector = kv_connector
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.external_queries = 0
+        self.external_hits = 0
+        self.cached_tokens = 0
+        self.by_source = dict.fromkeys(PROMPT_SOURCES, 0)
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.ttft = _Histogram(TTFT_BUCKETS)
         self.itl = _Histogram(ITL_BUCKETS)
@@ -104,14 +113,25 @@ class EngineMetrics:
         if evicted_blocks is not None:
             self._evicted_blocks = evicted_blocks
 
-    def prefilled(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def prefilled(self, prompt_tokens: int, cached_tokens: int, loaded_tokens: int = 0) -> None:
         """A request's prefill completed (its first token is out): its prompt counts now, as
         vLLM counts a prompt in the iteration that prefilled it, and a request aborted while
-        waiting never does (prefix-cache queries are prompt tokens, hits the cached tokens
-        reported in ``usage``)."""
+        waiting never does. ``cached_tokens`` are the engine's (local hit and
+        ``loaded_tokens``, the KV a remote prefill brought); prefix-cache queries are prompt
+        tokens and hits the local part, the connector's queries what the local hit left and
+        its hits what it loaded (vLLM's ``PrefillStats``)."""
+        local = cached_tokens - loaded_tokens
         self.prompt_tokens += prompt_tokens
         self.prefix_queries += prompt_tokens
-        self.prefix_hits += cached_tokens
+        self.prefix_hits += local
+        if self.kv_connector:
+            self.external_queries += prompt_tokens - local
+            self.external_hits += loaded_tokens
+        self.cached_tokens += cached_tokens
+        by_source = self.by_source
+        by_source["local_compute"] += prompt_tokens - cached_tokens
+        by_source["local_cache_hit"] += local
+        by_source["external_kv_transfer"] += loaded_tokens
 
     def first_token(self, ttft_s: float) -> None:
         """A request's first generated token, ``ttft_s`` after its arrival."""
@@ -171,7 +191,24 @@ class EngineMetrics:
                 "Prefix cache hits, in terms of number of cached tokens.",
                 self.prefix_hits,
             ),
+            (
+                "vllm:external_prefix_cache_queries",
+                "External prefix cache queries from KV connector cross-instance cache sharing, "
+                "in terms of number of queried tokens.",
+                self.external_queries,
+            ),
+            (
+                "vllm:external_prefix_cache_hits",
+                "External prefix cache hits from KV connector cross-instance cache sharing, "
+                "in terms of number of cached tokens.",
+                self.external_hits,
+            ),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
+            (
+                "vllm:prompt_tokens_cached",
+                "Number of cached prompt tokens (local + external).",
+                self.cached_tokens,
+            ),
             (
                 "vllm:generation_tokens",
                 "Number of generation tokens processed.",
@@ -190,6 +227,14 @@ class EngineMetrics:
         )
         evicted.add_metric(lab, float(self._evicted_blocks()))
         yield evicted
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            labels=(*LABELS, "source"),
+        )
+        for source, n in self.by_source.items():
+            by_source.add_metric([*lab, source], float(n))
+        yield by_source
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from kvtide.asgi import ApiError
 from kvtide.engine_server.api_errors import bad_request
+from kvtide.engine_server.kv_transfer import TransferParams, parse_params
 from kvtide.errors import RequestError
 from kvtide.text import anthropic_request, responses_request
 from kvtide.text.chat_request import ChatRequest, parse_chat_request
@@ -66,6 +67,8 @@ class Generation:
     max_tokens_param: str = "max_tokens"
     """The field ``max_tokens`` came from (a chat's may be ``max_completion_tokens``), for
     the error that refuses it."""
+    kv_transfer: TransferParams | None = None
+    """vLLM's ``kv_transfer_params`` (disaggregated prefill and decode: ``kv_transfer``)."""
 
 
 def _is_int(v: object) -> bool:
@@ -203,6 +206,7 @@ def parse_completion(body: object) -> Generation:
         add_special_tokens=_opt_bool(body, "add_special_tokens", True),
         include_stop_str=_opt_bool(body, "include_stop_str_in_output", False),
         echo=_opt_bool(body, "echo", False),
+        kv_transfer=parse_params(body, reuse_prompt=False),
     )
 
 
@@ -239,6 +243,7 @@ def parse_chat(body: object) -> Generation:
         priority=_priority(body),
         include_stop_str=_opt_bool(body, "include_stop_str_in_output", False),
         max_tokens_param=max_tokens_param,
+        kv_transfer=parse_params(body, reuse_prompt=True),
     )
 
 
@@ -270,6 +275,7 @@ def parse_messages(body: object, merge_inline_system: bool) -> Generation:
         stop=tuple(stops or ()),
         ignore_eos=False,
         cache_salt=_cache_salt(body),
+        kv_transfer=parse_params(body, reuse_prompt=True),
     )
 
 
@@ -303,6 +309,7 @@ def parse_responses(body: object, history: Sequence[dict[str, Any]] = ()) -> Gen
         cache_salt=_cache_salt(body),
         priority=_priority(body),
         max_tokens_param="max_output_tokens",
+        kv_transfer=parse_params(body, reuse_prompt=True),
     )
 
 

@@ -126,6 +126,7 @@ class RealModelEngine:
         max_tokens: int,
         cache_salt: str | None,
         priority: int = 0,  # one request at a time, in arrival order: nothing to reorder
+        remote_tokens: int = 0,  # never set: disaggregated prefill is the emulated engine's
     ) -> RequestStream:
         bt = self.runner.block_tokens
         need = -(-(len(token_ids) + max_tokens) // bt)

@@ -20,7 +20,7 @@ from kvtide.asgi import ApiError, AsgiServer, check_port
 from kvtide.clock import ScaledClock
 from kvtide.core.cache import CacheConfig, KVCache
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
-from kvtide.costs.cost_model import CostModel
+from kvtide.costs.cost_model import CostModel, network_transfer_s
 from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.engine.driver import EngineDriver
 from kvtide.engine.scheduler import EngineConfig, RequestRecord, Scheduler
@@ -29,6 +29,7 @@ from kvtide.engine_server.api_errors import UNAVAILABLE
 from kvtide.engine_server.app import ApiLimits, Backend, EngineApp
 from kvtide.engine_server.engine_loop import EmulatedEngine, filler_tokens
 from kvtide.engine_server.kv_publisher import BlockTokens, EnginePublisher, EventFormat
+from kvtide.engine_server.kv_transfer import KvTransferConfig, NixlConnector
 from kvtide.engine_server.metrics import EngineMetrics
 from kvtide.errors import ConfigError
 from kvtide.state.kv_events import KvEventPublisher
@@ -75,6 +76,9 @@ class ServerConfig:
     """vLLM's ``--api-key`` (``VLLM_API_KEY``): ``/v1`` wants one of them as a bearer token."""
     responses_store: bool = False
     """Keep ``/v1/responses`` answers (vLLM's ``VLLM_ENABLE_RESPONSES_API_STORE``)."""
+    kv_transfer: KvTransferConfig | None = None
+    """vLLM's ``--kv-transfer-config`` (NixlConnector): requests' ``kv_transfer_params`` are
+    taken for disaggregated prefill and decode, emulated only."""
 
     @property
     def name(self) -> str:
@@ -99,10 +103,12 @@ class Built:
 def build(config: ServerConfig) -> Built:
     """The app and its backend, ready to serve (sockets for KV events bound)."""
     tokenizer = load_tokenizer(config.tokenizer)
-    metrics = EngineMetrics(config.name)
+    metrics = EngineMetrics(config.name, kv_connector=config.kv_transfer is not None)
     if config.model == REAL_MODEL:
         if config.records is not None:
             raise ConfigError("--records: only the emulated engine keeps request records")
+        if config.kv_transfer is not None:
+            raise ConfigError("--kv-transfer-config: only the emulated engine transfers KV")
         if config.scheduling_policy != "fcfs":
             raise ConfigError(
                 "--scheduling-policy: the real model serves one request at a time, in arrival "
@@ -138,7 +144,11 @@ def build(config: ServerConfig) -> Built:
         on_record=(lambda r: None) if records is None else _record_writer(records),
         telemetry=telemetry,
     )
-    app = EngineApp(engine, tokenizer, metrics, _limits(config, config.max_model_len))
+    connector = None
+    if config.kv_transfer is not None:
+        connector = NixlConnector(config.kv_transfer, config.block_tokens, config.tp)
+    limits = _limits(config, config.max_model_len)
+    app = EngineApp(engine, tokenizer, metrics, limits, connector)
     return Built(app, engine, publisher, scheduler, records)
 
 
@@ -188,6 +198,10 @@ def build_scheduler(config: ServerConfig, *, record_events: bool) -> tuple[Sched
         scheduling_policy=config.scheduling_policy,
     )
     timer = IterationTimer.from_cost_model(cost)
+
+    def network_s(tokens: int) -> float:  # a remote prefill's KV over this engine's NICs
+        return network_transfer_s(cost, tokens)
+
     if config.host_cache_tokens:
         tiers = TieredCache(
             TieredCacheConfig(
@@ -200,14 +214,17 @@ def build_scheduler(config: ServerConfig, *, record_events: bool) -> tuple[Sched
             clock,
             cost,
         )
-        return Scheduler(engine, tiers.device, timer, clock, tiers=tiers), clock
+        return (
+            Scheduler(engine, tiers.device, timer, clock, tiers=tiers, network_s=network_s),
+            clock,
+        )
     cache = KVCache(
         CacheConfig(
             blocks, bt, policy=config.eviction, record_events=record_events, ghost_blocks=None
         ),
         clock,
     )
-    return Scheduler(engine, cache, timer, clock), clock
+    return Scheduler(engine, cache, timer, clock, network_s=network_s), clock
 
 
 class EngineServer:
@@ -235,7 +252,8 @@ class EngineServer:
         config, built = self.config, self.built
         print(
             f"kvtide engine: serving {config.name} on http://{config.host}:{config.port}"
-            + _events_line(built),
+            + _events_line(built)
+            + _connector_line(config),
             file=sys.stderr,
             flush=True,
         )
@@ -256,6 +274,11 @@ def _events_line(built: Built) -> str:
         return ""
     pub = built.publisher.publisher
     return f"; KV events on {pub.bound_endpoint} (replay {pub.bound_replay_endpoint})"
+
+
+def _connector_line(config: ServerConfig) -> str:
+    kv = config.kv_transfer
+    return "" if kv is None else f"; NixlConnector engine_id {kv.engine_id} ({kv.kv_role})"
 
 
 def run(config: ServerConfig) -> None:

@@ -69,9 +69,11 @@ class StopMatcher:
 class RequestStream:
     """Pushed by one engine task, taken by one handler (both on the event loop's thread).
 
-    ``cached_tokens`` is set with the first token, as vLLM reports it in ``usage``;
-    ``finish_reason`` ("length", "stop", "abort") once the engine is done with the request;
-    ``stop_reason`` the stop string that ended it, if one did.
+    ``cached_tokens`` is set with the first token, as the engine counted it (vLLM's
+    ``usage`` reports it unless a remote prefill names its own); ``finish_reason`` ("length",
+    "stop", "abort") once the engine is done with the request; ``stop_reason`` the stop string
+    that ended it, if one did; ``is_length_capped`` whether the engine ended it at its output
+    limit (vLLM's FINISHED_LENGTH_CAPPED), even where a stop string matched that last token.
     """
 
     __slots__ = (
@@ -81,6 +83,7 @@ class RequestStream:
         "arrival_wall_s",
         "cached_tokens",
         "finish_reason",
+        "is_length_capped",
         "last_token_wall_s",
         "max_tokens",
         "num_generated",
@@ -103,6 +106,7 @@ class RequestStream:
         self.num_generated = 0
         self.finish_reason: str | None = None
         self.stop_reason: str | None = None
+        self.is_length_capped = False
         self.pending: list[str] = []
         self._stop: StopMatcher | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -118,10 +122,11 @@ class RequestStream:
         if stops:
             self._stop = StopMatcher(stops, include_stop_str)
 
-    def first_token(self, cached_tokens: int) -> None:
-        """The prefill is done: the prompt counts as processed from now on."""
+    def first_token(self, cached_tokens: int, loaded_tokens: int = 0) -> None:
+        """The prefill is done: the prompt counts as processed from now on
+        (``loaded_tokens``: those of ``cached_tokens`` a remote prefill's KV brought)."""
         self.cached_tokens = cached_tokens
-        self._metrics.prefilled(self.prompt_tokens, cached_tokens)
+        self._metrics.prefilled(self.prompt_tokens, cached_tokens, loaded_tokens)
 
     def push(self, text: str) -> None:
         """One generated token (ignored once the request is finished: a stop string ends it

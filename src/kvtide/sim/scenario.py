@@ -17,7 +17,7 @@ import numpy as np
 from kvtide.clock import ManualClock
 from kvtide.core.cache import CacheConfig
 from kvtide.core.hashing import BlockHashes
-from kvtide.costs.cost_model import CostModel
+from kvtide.costs.cost_model import CostModel, network_transfer_s
 from kvtide.costs.memory import memory_fit
 from kvtide.costs.specs import gpu_preset, resolve_model
 from kvtide.display import tokens
@@ -267,12 +267,6 @@ def describe_tiers(scenario: Scenario) -> str:
     if scenario.disk_cache_tokens:
         parts.append(f"disk {tokens(scenario.disk_cache_tokens)}")
     return " + ".join(parts)
-
-
-def network_transfer_s(model: CostModel, tokens: int) -> float:
-    """Seconds to ship ``tokens`` tokens of KV between two instances over their NICs (each
-    tensor-parallel rank sends its shard over its own NIC share, in parallel)."""
-    return model.kv_bytes(tokens) / (model.gpu.network_bytes_per_s * model.tp)
 
 
 def _check_shrink(

@@ -87,7 +87,7 @@ def snapshot(scheduler: Scheduler, copy_blocks: int) -> PoolSnapshot:
     partial = reserved = private_blocks = written = 0
     seen: set[int] = set()
     duplicated = 0
-    for seq in scheduler.running:
+    for seq in (*scheduler.running, *scheduler.loading):  # parked for remote KV: held too
         private_blocks += len(seq.private)
         held = seq.kv_capacity_tokens
         computed = min(seq.num_computed, held)

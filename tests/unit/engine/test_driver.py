@@ -243,3 +243,41 @@ def test_an_abort_mid_decode_ends_the_stream_and_frees_the_private_blocks(
     # Only the four full prompt blocks stay, unlocked: every private block went back.
     assert cache.num_cached_blocks == 4 == cache.num_evictable_blocks
     assert cache.pool.num_free == 64 - 4
+
+
+def test_an_engine_with_only_remote_kv_on_its_way_sleeps_until_it_arrives(
+    engine_clock: ManualClock,
+) -> None:
+    scheduler = make_engine(engine_clock)
+    scheduler.network_s = lambda tokens: 0.002 * tokens
+    driver = EngineDriver(scheduler)
+    req, hashes = request("d", list(range(1, 9)), output=2)
+    driver.add(req, hashes, 0.0, remote_tokens=8)
+    assert driver.next_wake_s == pytest.approx(0.016)  # 8 tokens over the NIC
+    assert driver.on_wake(0.010) == []
+    outputs = run_until_idle(driver, late_s=0.003)  # late timers keep the model's timeline
+    assert [(o.num_generated, o.time_s) for o in outputs] == [
+        (1, pytest.approx(0.017)),  # its last prompt token, computed once the KV is in
+        (2, pytest.approx(0.027)),
+    ]
+    assert (outputs[0].cached_tokens, outputs[0].fetched_tokens) == (8, 8)
+
+
+def test_remote_kv_arriving_mid_run_cuts_the_run_as_an_arrival_would(
+    engine_clock: ManualClock,
+) -> None:
+    scheduler = make_engine(engine_clock)
+    scheduler.network_s = lambda tokens: 0.002 * tokens
+    driver = EngineDriver(scheduler)
+    run, run_hashes = request("run", [90, 91, 92, 93, 94], output=10)
+    driver.add(run, run_hashes, 0.0)
+    driver.on_wake(0.012)
+    req, hashes = request("d", list(range(1, 9)), output=1, arrival_s=0.012)
+    driver.add(req, hashes, 0.012, remote_tokens=8)
+    outputs = run_until_idle(driver)
+    # d is admitted at the step boundary after its arrival (15 ms), its KV is in at 31 ms,
+    # and it joins the step that starts at the boundary after that (35 ms)
+    (first,) = [o for o in outputs if o.request_id == "d"]
+    assert first.time_s == pytest.approx(0.035 + 0.002)
+    times = [o.time_s for o in outputs if o.request_id == "run"]
+    assert times[:4] == pytest.approx([0.015, 0.025, 0.035, 0.037])  # that step carries both

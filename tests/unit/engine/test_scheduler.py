@@ -10,9 +10,9 @@ from kvtide.core.events import BlockRemoved, BlockStored
 from kvtide.core.hashing import BlockHashes
 from kvtide.core.tiers import TieredCache, TieredCacheConfig, TierSpec
 from kvtide.engine.prefix_source import Fetch
-from kvtide.engine.scheduler import EngineConfig, Scheduler
+from kvtide.engine.scheduler import EngineConfig, RequestRecord, Scheduler
 from kvtide.engine.timing import IterationTimer
-from kvtide.errors import CapacityError, ConfigError
+from kvtide.errors import CapacityError, ConfigError, UsageError
 from kvtide.types import Tier
 
 from .conftest import BLOCK, FlatCost, drive, make_engine, request
@@ -289,3 +289,127 @@ def test_two_requests_with_one_uncached_prefix_never_hold_it_twice(
     assert set(duplicated) == {0}
     assert engine.stats.shared_prefill_blocks == 0
     assert engine.stats.hit_tokens == len(prefix)  # b found a's prefix
+
+
+# --- disaggregated decode: a remote prefill's KV (vLLM's NixlConnector) -------------------------
+
+
+def nic_engine(clock: ManualClock, **engine: object) -> Scheduler:
+    """An engine whose NIC moves a token of KV in 2 ms."""
+    scheduler = make_engine(clock, **engine)
+    scheduler.network_s = lambda tokens: 0.002 * tokens
+    return scheduler
+
+
+def test_a_remote_prefill_loads_only_what_the_local_prefix_lacks_then_computes_one_token(
+    engine_clock: ManualClock,
+) -> None:
+    engine = nic_engine(engine_clock)
+    engine.add(*request("warm", list(range(1, 9)), output=1))  # caches blocks [1-4], [5-8]
+    drive(engine, engine_clock)
+    engine.take_events()
+    t0 = engine_clock.now()
+    prompt = [*range(1, 9), *range(50, 58), 60, 61]  # 4 full blocks and 2 tokens
+    req, hashes = request("d", prompt, output=2, arrival_s=t0)
+    engine.add(req, hashes, remote_tokens=len(prompt))
+
+    # Admitted and parked: its 5 blocks held (2 cached, 3 reserved), no iteration to run,
+    # the 10 tokens past the local hit on the NIC for 20 ms.
+    assert engine.schedule() is None
+    assert (engine.num_waiting, engine.num_running) == (1, 0)
+    assert engine.next_ready_s == pytest.approx(t0 + 0.020)
+    assert engine.cache.pool.num_free == 64 - 5
+
+    engine_clock.set(t0 + 0.020)
+    batch = engine.schedule()
+    assert batch is not None
+    assert [(s.request.request_id, n) for s, n in batch.prefill] == [("d", 1)]  # the last token
+    engine_clock.set(batch.end_s())
+    assert engine.complete(batch) == []
+    seq = engine.running[0]
+    # vLLM's counts: 8 local and 10 loaded tokens cached, the whole prompt
+    assert (seq.cached_tokens, seq.fetched_tokens, seq.hit_tokens) == (18, 10, 18)
+    stored = [e for e in engine.take_events() if isinstance(e, BlockStored)]
+    assert [len(e.block_hashes) for e in stored] == [2]  # the two loaded full blocks
+    (record,) = drive(engine, engine_clock)
+    assert record.first_token_s == pytest.approx(t0 + 0.020 + 0.001)
+    assert (record.prefill_tokens, record.fetched_tokens) == (1, 10)
+
+
+def test_a_full_local_hit_still_loads_the_last_block_as_vllm_caps_the_local_hit(
+    engine_clock: ManualClock,
+) -> None:
+    engine = nic_engine(engine_clock)
+    prompt = list(range(1, 9))
+    engine.add(*request("warm", prompt, output=1))
+    drive(engine, engine_clock)
+    t0 = engine_clock.now()
+    req, hashes = request("d", prompt, output=1, arrival_s=t0)
+    engine.add(req, hashes, remote_tokens=len(prompt))
+    assert engine.schedule() is None
+    assert engine.next_ready_s == pytest.approx(t0 + 0.002 * 4)  # prompt - 1 caps it at 1 block
+    (record,) = drive_with_loads(engine, engine_clock)
+    assert (record.hit_tokens, record.fetched_tokens, record.prefill_tokens) == (8, 4, 1)
+
+
+def drive_with_loads(engine: Scheduler, clock: ManualClock) -> list[RequestRecord]:
+    """``drive``, sleeping until parked KV arrives when nothing else can run."""
+    records = []
+    while engine.has_work:
+        batch = engine.schedule()
+        if batch is None:
+            ready = engine.next_ready_s
+            assert ready is not None and ready > clock.now()
+            clock.set(ready)
+            continue
+        clock.set(batch.end_s())
+        records.extend(engine.complete(batch))
+    return records
+
+
+def test_running_requests_keep_decoding_while_loads_take_turns_on_the_nic(
+    engine_clock: ManualClock,
+) -> None:
+    engine = nic_engine(engine_clock, max_decode_steps=1)
+    engine.add(*request("run", [90, 91, 92, 93, 94], output=8))
+    first = engine.schedule()
+    assert first is not None
+    engine_clock.set(first.end_s())  # 5 ms of prefill
+    engine.complete(first)
+    for rid, base in (("d1", 10), ("d2", 30)):
+        req, hashes = request(rid, list(range(base, base + 8)), output=1, arrival_s=0.005)
+        engine.add(req, hashes, remote_tokens=8)
+    step = engine.schedule()
+    assert step is not None
+    assert step.decode == [engine.running[0]] and step.prefill == []  # no stall for the NIC
+    assert step.end_s() - step.start_s == pytest.approx(0.010)
+    # each load moves the 8 tokens (the local hit is empty), one after the other
+    assert [s.ready_s for s in engine.loading] == pytest.approx([0.005 + 0.016, 0.005 + 0.032])
+    records = drive_with_loads(engine, engine_clock)
+    by_id = {r.request_id: r for r in records}
+    # a loaded request joins the first iteration starting once its KV is in: d1's at 21 ms
+    # joins the step from 25 ms (2 ms with its token), d2's at 37 ms the one from 37 ms
+    assert by_id["d1"].first_token_s == pytest.approx(0.025 + 0.002)
+    assert by_id["d2"].first_token_s == pytest.approx(0.037 + 0.002)
+
+
+def test_a_parked_request_can_be_aborted_and_gives_its_blocks_back(
+    engine_clock: ManualClock,
+) -> None:
+    engine = nic_engine(engine_clock)
+    req, hashes = request("d", list(range(1, 11)), output=1)
+    engine.add(req, hashes, remote_tokens=10)
+    assert engine.schedule() is None and engine.loading
+    assert engine.abort("d") is not None
+    assert not engine.has_work and engine.next_ready_s is None
+    assert engine.cache.pool.num_free == 64
+
+
+def test_remote_tokens_are_checked_against_the_prompt_and_the_engine(
+    engine_clock: ManualClock,
+) -> None:
+    req, hashes = request("d", list(range(1, 11)), output=1)
+    with pytest.raises(UsageError):
+        nic_engine(engine_clock).add(req, hashes, remote_tokens=11)
+    with pytest.raises(UsageError):  # no network to load over
+        make_engine(engine_clock).add(req, hashes, remote_tokens=10)
