@@ -31,7 +31,12 @@ skipped):
    ``limits.max_in_flight_per_replica: 4`` (requests beyond 4 per engine wait in the
    gateway's queue). ``--scheduling-policy priority`` starts every engine admitting by vLLM's
    ``priority``, which ``kvtide cost:deadline_k=10`` sets (the peers send none, so their
-   requests are served in arrival order as under fcfs).
+   requests are served in arrival order as under fcfs). ``--pd P`` runs it disaggregated:
+   the first P engines only prefill and the rest only decode (every engine with
+   ``--kv-transfer-config``, vLLM's NixlConnector protocol; their KV and speed sized on the
+   P), kvtide given them by role and vllm-router with ``--vllm-pd-disaggregation``
+   (sglang-router's and smg's P/D mode is SGLang's protocol, which vLLM engines do not speak:
+   skipped).
 2. overhead: ``--overhead-rate`` req/s (Poisson) of short-output chat requests for
    ``--overhead-duration`` s against engines that take no model time (``--speedup 1e5``),
    through each gateway and straight to the engines (the client picks them round robin):
@@ -117,6 +122,15 @@ PEERS: dict[str, tuple[str, str, str]] = {
     "vllm-router cache_aware": ("vllm_router.launch_router", "cache_aware", "warning"),
     "vllm-router round_robin": ("vllm_router.launch_router", "round_robin", "warning"),
 }
+# the peers that drive vLLM's P/D (NixlConnector's kv_transfer_params) and their flags for it;
+# sglang-router's and smg's --pd-disaggregation is SGLang's protocol (both legs sent at once,
+# a bootstrap room for the transfer), which vLLM engines do not speak
+PD_PEERS: dict[str, list[str]] = {
+    name: ["--vllm-pd-disaggregation", "--kv-connector", "nixl"]
+    for name in PEERS
+    if name.startswith("vllm-router")
+}
+NIXL = ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
 CHAT = (
     "builtin:chat:sessions={s},turns=6,duration_s={d},system_prompts={p},system_tokens=1200,"
     "user_tokens=200,output_tokens=32,think_s={t},max_prompt_tokens=8000"
@@ -180,8 +194,14 @@ class Front:
 
 
 def start_front(
-    name: str, group: ProcessGroup, engines: Sequence[Engine], peers_python: Path
+    name: str,
+    group: ProcessGroup,
+    engines: Sequence[Engine],
+    peers_python: Path,
+    prefill: int = 0,
 ) -> Front:
+    """``name`` in front of ``engines`` (``prefill``: the first that many only prefill, the
+    rest only decode, for the gateways that can split a request: ``PD_PEERS`` and kvtide)."""
     if name == BARE:
         port = free_port()
         script = Path(__file__).with_name("gateway_cpu.py")
@@ -199,7 +219,7 @@ def start_front(
             cap = int(name.removeprefix(KVTIDE_CAP))
             config.write_text(f"limits:\n  max_in_flight_per_replica: {cap}\n")
             extra += ["--config", str(config)]
-        gw = start_gateway(group, engines, policy, extra)
+        gw = start_gateway(group, engines, policy, extra, prefill=prefill)
         wait_routable(gw.url, gw.process)  # the tokenizer loads on first use: not measured
         return Front(name, gw.url, gw.process)
     module, policy, level = PEERS[name]
@@ -220,9 +240,13 @@ def start_front(
         LOOPBACK,
         "--prometheus-port",
         str(free_port()),
-        "--worker-urls",
-        *(e.url for e in engines),
     ]
+    if prefill:
+        args += PD_PEERS[name]
+        for i, e in enumerate(engines):
+            args += ["--prefill" if i < prefill else "--decode", e.url]
+    else:
+        args += ["--worker-urls", *(e.url for e in engines)]
     child = group.add(ChildProcess(args, name))
     url = f"http://{LOOPBACK}:{port}"
     wait_routable(url, child)
@@ -389,13 +413,14 @@ def size_engines(
     peak = peak_reused_tokens(requests)
     lru = lru_reuse_tokens(requests, 0.9)
     need = max(peak, lru)
-    per_engine = int(args.kv_fraction * need / args.engines) // BLOCK_TOKENS * BLOCK_TOKENS
+    prefilling = args.pd or args.engines  # with --pd, the prefill engines hold the reuse
+    per_engine = int(args.kv_fraction * need / prefilling) // BLOCK_TOKENS * BLOCK_TOKENS
     # the engines count the rendered text's tokens, a few % off the workload's: 10% margin
     longest = int(1.1 * max(r.prompt_tokens + r.output_tokens for r in requests)) + 64
     per_engine = max(per_engine, -(-longest // BLOCK_TOKENS) * BLOCK_TOKENS)
     prompt = sum(r.prompt_tokens for r in requests)
     mean = prompt / max(1, len(requests))
-    capacity = args.engines * default_ttft_model().prefill_tokens_per_s(max(1, int(mean)))
+    capacity = prefilling * default_ttft_model().prefill_tokens_per_s(max(1, int(mean)))
     speedup = prompt / max(wall_s, 1e-9) / (args.load * capacity)
     return {
         "requests": len(requests),
@@ -405,7 +430,7 @@ def size_engines(
         "peak_reused_tokens": peak,
         "lru_reuse_tokens": lru,
         "kv_tokens_per_engine": per_engine,
-        "fleet_kv_over_need": per_engine * args.engines / max(1, need),
+        "fleet_kv_over_need": per_engine * prefilling / max(1, need),
         "speedup": speedup,
     }
 
@@ -420,6 +445,7 @@ def _engine_args(sizing: dict[str, Any], args: argparse.Namespace) -> list[str]:
         str(sizing["kv_tokens_per_engine"]),
         "--scheduling-policy",
         args.scheduling_policy,
+        *(NIXL if args.pd else []),
     ]
 
 
@@ -879,6 +905,16 @@ def parser() -> argparse.ArgumentParser:
         "(/v1/responses), or Anthropic's Messages (/v1/messages; sglang-router 0.3.2 has "
         "no such route)",
     )
+    p.add_argument(
+        "--pd",
+        type=int,
+        default=0,
+        metavar="P",
+        help="the workloads phase disaggregated: the first P engines only prefill, the rest "
+        "only decode (engines with --kv-transfer-config, KV and speed sized on the P), "
+        "through kvtide (--prefill/--decode) and vllm-router (--vllm-pd-disaggregation); "
+        "the gateways without vLLM's P/D are skipped",
+    )
     p.add_argument("--only", help="comma-separated gateway names to run (default all)")
     p.add_argument(
         "--repeat",
@@ -908,8 +944,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as e:
             p.error(f"--rows: cannot make directory {args.rows_dir}: {e.strerror}")
     phases = set(args.phases.split(","))
+    if args.pd and not 0 < args.pd < args.engines:
+        p.error(f"--pd: expected 1 to {args.engines - 1} prefill engines, got {args.pd}")
+    if args.pd and phases != {"workloads"}:
+        p.error("--pd: only the workloads phase runs disaggregated (--phases workloads)")
     python = peer_python(args.peers_venv)
     fronts = gateways_to_run([KVTIDE], args.peers_venv, args.only)
+    if args.pd:
+        fronts = [n for n in fronts if n.startswith("kvtide") or n in PD_PEERS]
     print(f"bench/gateways.py rev {git_rev()} config {json.dumps(vars(args), default=str)}")
     results: dict[str, Any] = {"config": vars(args), "rev": git_rev(), "gateways": fronts}
     base = [
@@ -939,7 +981,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if args.rows_dir is not None:
                             slug = "".join(c if c.isalnum() else "_" for c in name)
                             rows_path = args.rows_dir / f"{wname}-{slug}-{round_}.json"
-                        front = start_front(name, group, engines, python)
+                        front = start_front(name, group, engines, python, args.pd)
                         try:
                             row = run_workload(
                                 front,

@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         default = getattr(live, dest)
         p.add_argument("--" + dest.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
+    args.pd = 0  # sized as the live bench's whole-request fleet (its --pd is not simulated)
     if not args.trace.is_file():
         p.error(f"--trace: no such file: {args.trace}")
     try:

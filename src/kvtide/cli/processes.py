@@ -272,14 +272,17 @@ def start_gateway(
     policy: str,
     gateway_args: Sequence[str] = (),
     timeout_s: float = 60.0,
+    prefill: int = 0,
 ) -> Gateway:
     """`kvtide serve` in front of ``engines`` with ``policy``, in ``group``; returns once its
-    /health answers."""
+    /health answers. ``prefill``: the first that many engines only prefill and the rest only
+    decode (disaggregated; the engines run with ``--kv-transfer-config``)."""
     port = free_port()
     args = [sys.executable, "-m", "kvtide", "serve", "--host", LOOPBACK, "--port", str(port),
             "--policy", policy, *gateway_args]  # fmt: skip
-    for e in engines:
-        args += ["--replica", e.replica_spec]
+    for i, e in enumerate(engines):
+        role = "" if not prefill else ",role=prefill" if i < prefill else ",role=decode"
+        args += ["--replica", e.replica_spec + role]
     gw = Gateway(group.add(ChildProcess(args, f"gateway :{port}")), port)
     gw.process.wait_http(f"{gw.url}/health", timeout_s)
     return gw

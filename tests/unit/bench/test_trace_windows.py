@@ -67,6 +67,7 @@ def test_windows_keep_the_live_bench_context_and_output_caps(tmp_path: Path) -> 
         trace_duration=150.0,
         trace_time_scale=1.0,
         engines=4,
+        pd=0,
         kv_fraction=0.5,
         load=0.8,
         scheduling_policy="priority",
