@@ -15,7 +15,9 @@ engines queue for KV rather than for batch slots, a cap of 8 cut the cached-toke
 60.4% to 47.1% and timed out 41 of 817 requests; under two hot prefixes, spread over every
 engine already, it changed nothing. So it bounds what reaches an engine; it is not a routing
 improvement. Set it at or above what an engine runs at once (vLLM's ``max_num_seqs``). The
-cap counts this gateway's own requests: with N gateway replicas give each 1/N of it.
+cap counts this gateway's own requests: with N gateway replicas give each 1/N of it. A
+disaggregated request's legs wait apart: its prefill for a replica that prefills, its decode
+for one that decodes, each in its own line (a full decode pool never holds up prefills).
 """
 
 from __future__ import annotations
@@ -26,16 +28,19 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 from kvtide.gateway.metrics import GatewayMetrics
-from kvtide.gateway.replicas import ReplicaSet
+from kvtide.gateway.replicas import ReplicaSet, Stage
 from kvtide.gateway.status import QUEUE_FULL, QUEUE_TIMEOUT, ApiError
 from kvtide.types import ReplicaId
 
+_Line = tuple[str, Stage]
+"""Who waits together: a model's requests (or one leg of its disaggregated ones)."""
+
 
 class _Waiter:
-    __slots__ = ("exclude", "future", "model", "woken")
+    __slots__ = ("exclude", "future", "line", "woken")
 
-    def __init__(self, model: str, exclude: ReplicaId | None) -> None:
-        self.model = model
+    def __init__(self, line: _Line, exclude: ReplicaId | None) -> None:
+        self.line = line
         self.exclude = exclude
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.woken = False
@@ -59,24 +64,26 @@ class Admission:
         self.now_s = now_s
         self.max_queued = max_queued
         self.timeout_s = timeout_s
-        self._lines: dict[str, deque[_Waiter]] = {}  # no empty line kept: {} is nobody waiting
-        self._woken: Counter[str] = Counter()  # per model: slots handed out, not yet taken
+        self._lines: dict[_Line, deque[_Waiter]] = {}  # no empty line kept: {} is nobody waiting
+        self._woken: Counter[_Line] = Counter()  # per line: slots handed out, not yet taken
 
     def __len__(self) -> int:
         return sum(len(line) for line in self._lines.values())
 
-    async def wait(self, model: str, exclude: ReplicaId | None = None) -> None:
-        """Returns once a replica serving ``model`` (other than ``exclude``) can take a request
-        now, with no await between that check and the caller's routing; at once without a
-        cap, or when no replica serves the model at all (routing then says so). Raises a 503
-        ``ApiError`` when the queue is full or no slot frees within ``timeout_s``."""
+    async def wait(self, model: str, exclude: ReplicaId | None = None, stage: Stage = None) -> None:
+        """Returns once a replica serving ``model`` (other than ``exclude``; for ``stage``, a
+        disaggregated request's leg, one of its role) can take a request now, with no await
+        between that check and the caller's routing; at once without a cap, or when no such
+        replica serves the model at all (routing then says so). Raises a 503 ``ApiError``
+        when the queue is full or no slot frees within ``timeout_s``."""
         replicas = self.replicas
         if not replicas.cap:
             return
-        line = self._lines.get(model)
-        if not line and not self._woken[model] and replicas.candidates(model, exclude):
+        key = (model, stage)
+        line = self._lines.get(key)
+        if not line and not self._woken[key] and replicas.candidates(model, exclude, stage):
             return
-        if not replicas.serving(model, exclude):
+        if not replicas.serving(model, exclude, stage):
             return
         waiting = len(self)
         if waiting >= self.max_queued:
@@ -86,7 +93,7 @@ class Admission:
                 f"{waiting} requests already wait for a replica with room (limits.max_queued)",
                 retry_after_s=1.0,
             )
-        waiter = _Waiter(model, exclude)
+        waiter = _Waiter(key, exclude)
         self._enqueue(waiter)
         start = self.now_s()
         gauge = self.metrics.queued
@@ -96,7 +103,9 @@ class Admission:
                 while True:
                     await waiter.future
                     self._took(waiter)
-                    if replicas.candidates(model, exclude) or not replicas.serving(model, exclude):
+                    if replicas.candidates(model, exclude, stage) or not replicas.serving(
+                        model, exclude, stage
+                    ):
                         return
                     # the slot went elsewhere (a replica shared with another model's waiters,
                     # an ejection meanwhile): back to the head of the line
@@ -120,26 +129,26 @@ class Admission:
                 self._dequeue(waiter)
 
     def _enqueue(self, waiter: _Waiter, first: bool = False) -> None:
-        line = self._lines.setdefault(waiter.model, deque())
+        line = self._lines.setdefault(waiter.line, deque())
         if first:
             line.appendleft(waiter)
         else:
             line.append(waiter)
 
     def _dequeue(self, waiter: _Waiter) -> None:
-        line = self._lines.get(waiter.model)
+        line = self._lines.get(waiter.line)
         if line is None:
             return
         with contextlib.suppress(ValueError):
             line.remove(waiter)
         if not line:
-            del self._lines[waiter.model]
+            del self._lines[waiter.line]
 
     def _took(self, waiter: _Waiter) -> None:
         waiter.woken = False
-        self._woken[waiter.model] -= 1
-        if self._woken[waiter.model] <= 0:
-            del self._woken[waiter.model]
+        self._woken[waiter.line] -= 1
+        if self._woken[waiter.line] <= 0:
+            del self._woken[waiter.line]
 
     def release(self) -> None:
         """Slots may have freed (a request ended, a replica came back, was added, or the cap
@@ -148,13 +157,14 @@ class Admission:
             return
         replicas = self.replicas
         woken = self._woken
-        for model, line in list(self._lines.items()):
+        for key, line in list(self._lines.items()):
+            model, stage = key
             room: dict[ReplicaId | None, int] = {}  # by the replica a retry excludes
             for waiter in list(line):
                 exclude = waiter.exclude
                 if exclude not in room:
-                    free = sum(replicas.room(r) for r in replicas.candidates(model, exclude))
-                    room[exclude] = free - woken[model]
+                    cands = replicas.candidates(model, exclude, stage)
+                    room[exclude] = sum(replicas.room(r) for r in cands) - woken[key]
                 if room[exclude] <= 0:
                     if exclude is None:
                         break  # a retry behind has fewer candidates: no room for it either
@@ -162,5 +172,5 @@ class Admission:
                 room[exclude] -= 1
                 self._dequeue(waiter)
                 waiter.woken = True
-                woken[model] += 1
+                woken[key] += 1
                 waiter.future.set_result(None)

@@ -227,7 +227,7 @@ class Proxy:
         attempt = 0
         while attempt < 2:
             # under a cap per replica: wait for room, then route at once (no await between)
-            await self.admission.wait(model, tried)
+            await self.admission.wait(model, tried, stage)
             chosen = self.choose(route, model, tried, home, stage)
             if chosen is None:
                 break
@@ -343,7 +343,7 @@ class Proxy:
         tried = None
         last: _Failed | None = None
         for attempt in range(2):
-            await self.admission.wait(model, tried)
+            await self.admission.wait(model, tried, "decode")
             replica = self.replicas.least_loaded(model, tried, "decode")
             if replica is None:
                 break

@@ -233,10 +233,13 @@ class ReplicaSet:
         k = self._turn % len(cands)
         return min(cands[k:] + cands[:k], key=_load)
 
-    def serving(self, model: str, exclude: ReplicaId | None = None) -> bool:
-        """Whether a replica serves ``model`` and is up (full or not)."""
+    def serving(self, model: str, exclude: ReplicaId | None = None, stage: Stage = None) -> bool:
+        """Whether a replica serves ``model`` (for ``stage``: in that role) and is up (full or
+        not)."""
+        other = _OTHER_STAGE[stage]
         return any(
-            model in r.models and r.is_up and r.replica_id != exclude for r in self.by_id.values()
+            model in r.models and r.is_up and r.replica_id != exclude and r.spec.role != other
+            for r in self.by_id.values()
         )
 
     def room(self, replica: Replica) -> int:

@@ -171,3 +171,33 @@ def test_a_model_with_room_is_not_held_behind_another_models_line() -> None:
         assert len(admission) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_disaggregated_requests_legs_wait_for_their_own_roles() -> None:
+    """Under a cap, a decode leg waits for a decode replica and a prefill leg for a prefill
+    one, each in its own line: a full decode pool holds up no prefill, and a free prefill
+    replica does not let a decode leg through to find no decoder (a 503)."""
+
+    async def scenario() -> None:
+        replicas = ReplicaSet(Failover(), 16, WallClock(), cap=1)
+        pre = replicas.add(ReplicaSpec.parse("http://127.0.0.1:9000=m,role=prefill"))
+        dec = replicas.add(ReplicaSpec.parse("http://127.0.0.1:9001=m,role=decode"))
+        admission = Admission(replicas, GatewayMetrics(), WallClock().now, 64, 5.0)
+        dec.in_flight = 1  # the decode pool is full, the prefill replica free
+        await asyncio.wait_for(admission.wait("m", stage="prefill"), 1.0)  # at once
+        decode = asyncio.create_task(admission.wait("m", stage="decode"))
+        await _settle()
+        assert not decode.done() and len(admission) == 1
+        pre.in_flight = 1  # a prefill leg runs; a second one waits in its own line
+        prefill = asyncio.create_task(admission.wait("m", stage="prefill"))
+        await _settle()
+        assert len(admission) == 2
+        _end(admission, pre)  # the prefill replica frees: only the prefill leg goes
+        await _settle()
+        assert prefill.done() and not decode.done()
+        _end(admission, dec)
+        await _settle()
+        assert decode.done() and len(admission) == 0
+        assert replicas.least_loaded("m", stage="decode") is dec
+
+    asyncio.run(scenario())
