@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import orjson
@@ -340,20 +340,35 @@ class Proxy:
         """A disaggregated request's decode leg, on the least loaded replica that decodes;
         retried once on another before its first byte (the prefill's engine keeps the KV
         until it is pulled)."""
+
+        async def on(replica: Replica) -> int:
+            exchange.decode_replica = replica.replica_id
+            return await self._attempt(
+                send, replica, path, payload, _UNROUTED, stream, exchange, False, dialect, "decode"
+            )
+
+        return await self._least_loaded(model, exchange, "decode", on)
+
+    async def _least_loaded(
+        self,
+        model: str,
+        exchange: Exchange,
+        stage: Stage,
+        attempt_on: Callable[[Replica], Awaitable[int]],
+    ) -> int:
+        """``attempt_on`` the least loaded replica serving ``model`` (in ``stage``'s role),
+        under the cap, retried once on another after a failure before its first byte; the
+        HTTP status, or the error of the last failure (or of no replica at all)."""
         tried = None
         last: _Failed | None = None
         for attempt in range(2):
-            await self.admission.wait(model, tried, "decode")
-            replica = self.replicas.least_loaded(model, tried, "decode")
+            await self.admission.wait(model, tried, stage)
+            replica = self.replicas.least_loaded(model, tried, stage)
             if replica is None:
                 break
             exchange.attempts += 1
-            exchange.decode_replica = replica.replica_id
             try:
-                return await self._attempt(
-                    send, replica, path, payload, _UNROUTED, stream, exchange, False, dialect,
-                    "decode",
-                )  # fmt: skip
+                return await attempt_on(replica)
             except _Failed as failed:
                 last = failed
                 tried = replica.replica_id
@@ -368,25 +383,15 @@ class Proxy:
         sent to the least loaded replica serving ``model``, under the same cap, timeouts
         and failover as a completion (retried once elsewhere before its first byte), and
         passed back whole (none of them streams); the HTTP status."""
-        tried = None
-        last: _Failed | None = None
-        for attempt in range(2):
-            await self.admission.wait(model, tried)
-            replica = self.replicas.least_loaded(model, tried)
-            if replica is None:
-                break
-            exchange.attempts += 1
+
+        async def on(replica: Replica) -> int:
             exchange.replica = replica.replica_id
             exchange.route = "least_loaded"
-            try:
-                status = await self._pass_once(send, replica, path, payload, exchange)
-                self.metrics.duration.observe(self.now_s() - exchange.arrival_s)
-                return status
-            except _Failed as failed:
-                last = failed
-                tried = replica.replica_id
-                self._failed_attempt(replica, failed, exchange, attempt)
-        _give_up(last, model)
+            return await self._pass_once(send, replica, path, payload, exchange)
+
+        status = await self._least_loaded(model, exchange, None, on)
+        self.metrics.duration.observe(self.now_s() - exchange.arrival_s)
+        return status
 
     async def stored(
         self, send: Send, replica: Replica, method: str, path: str, exchange: Exchange
