@@ -677,6 +677,10 @@ class Gateway:
         home: ReplicaId | None,
     ) -> int:
         _own_salt(body, tenant.salt)
+        # engine to engine, set by this gateway only: a client's would have an engine load
+        # KV another request computed (another tenant's prompt), or take its prompt ids
+        # (vLLM's decode-side prompt_token_ids) instead of what was hashed and charged
+        body.pop("kv_transfer_params", None)
         route = self.route_request(prompt, tenant, max_tokens, exchange.request_id)
         assert self.proxy is not None, "the app's lifespan has not started"
         if self.shared is not None:

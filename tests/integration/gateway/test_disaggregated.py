@@ -207,3 +207,38 @@ def test_an_engines_refusal_reaches_the_client_and_other_apis_are_split_too(
     assert lines[0]["decode_replica"] is None  # refused at the prefill: no decode asked
     assert [line["decode_replica"] for line in lines[1:]] == [_id(dec)] * 3
     assert all(line["failures"] == [] for line in lines)  # a 4xx is no engine failure
+
+
+def test_a_clients_kv_transfer_params_never_reach_an_engine(tmp_path: Path) -> None:
+    """A client naming another request's KV (an engine, its blocks, a cached count) would have
+    the engine load it and report it as cached: the gateway drops the field, whole fleet or
+    split, and only the prefill's own parameters reach a decode engine."""
+    forged = {"do_remote_prefill": True, "remote_block_ids": [list(range(40))],
+              "remote_engine_id": "theirs", "remote_request_id": "cmpl-theirs",
+              "remote_host": "127.0.0.1", "remote_port": 5600,
+              "remote_prefill_cached_tokens": 77}  # fmt: skip
+    prompt = "A prompt no engine has seen before, about tides and harbours. " * 8
+    body = {"model": "emu", "prompt": prompt, "max_tokens": 3, "kv_transfer_params": forged}
+    engines = emulated_engines(1, *NIXL)
+    gw = None
+    try:
+        (engine,) = engines
+        # straight to the engine, the forged parameters are taken: what the gateway prevents
+        status, direct = post_json(f"{engine.url}/v1/completions", body)
+        assert status == 200 and direct["usage"]["prompt_tokens_details"]["cached_tokens"] == 77
+        port = free_port()
+        gw = gateway(port, "--replica", f"{engine.url}=emu")
+        body["prompt"] = prompt.upper()
+        status, answer = post_json(f"http://127.0.0.1:{port}/v1/completions", body)
+        assert status == 200, answer
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, answer
+    finally:
+        if gw is not None:
+            gw.stop()
+        for e in engines:
+            e.stop()
+    with pd_fleet(tmp_path, prefill=1, decode=1) as (port, _, _, _):
+        body["prompt"] = prompt.lower()
+        status, answer = post_json(f"http://127.0.0.1:{port}/v1/completions", body)
+        assert status == 200, answer
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, answer
