@@ -2,9 +2,11 @@
 disaggregated-serving bodies from stdin (JSON ``[[kind, body], ...]``): a request kind
 (``completions``, ``chat``, ``messages``, ``responses``) is validated as vLLM's server
 validates it; a response kind (``completion``, ``chat.completion``, ``text_completion.chunk``,
-``chat.completion.chunk``, ``message``) is an answer of kvtide's engine, read by
-vLLM's model of it. Prints ``[[kv_transfer_params, error], ...]`` (what the class kept of the
-field, or the validation error); exit 3 when vLLM's modules are missing.
+``chat.completion.chunk``, ``message``, ``response``, ``response.event``: one event of a
+streamed response) is an answer of kvtide's engine, read by vLLM's model of it. Prints
+``[[kv_transfer_params, error], ...]`` (what the class kept of the field, a response event's
+from the response it holds, or the validation error); exit 3 when vLLM's modules are
+missing.
 
     echo '[["chat", {"model": "m", "messages": [], "kv_transfer_params": {}}]]' | python peer_kv_transfer.py
 """  # noqa: E501
@@ -18,7 +20,8 @@ from typing import Any
 
 def main() -> int:
     try:
-        from pydantic import BaseModel, ValidationError
+        from openai.types.responses import ResponseTextDeltaEvent, ResponseTextDoneEvent
+        from pydantic import TypeAdapter, ValidationError
         from vllm.entrypoints.anthropic.protocol import (
             AnthropicMessagesRequest,
             AnthropicMessagesResponse,
@@ -33,11 +36,15 @@ def main() -> int:
             CompletionResponse,
             CompletionStreamResponse,
         )
-        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+        from vllm.entrypoints.openai.responses.protocol import (
+            ResponsesRequest,
+            ResponsesResponse,
+            StreamingResponsesResponse,
+        )
     except ImportError as exc:
         print(exc, file=sys.stderr)
         return 3
-    classes: dict[str, type[BaseModel]] = {
+    classes: dict[str, Any] = {
         "completions": CompletionRequest,
         "chat": ChatCompletionRequest,
         "messages": AnthropicMessagesRequest,
@@ -47,15 +54,22 @@ def main() -> int:
         "text_completion.chunk": CompletionStreamResponse,
         "chat.completion.chunk": ChatCompletionStreamResponse,
         "message": AnthropicMessagesResponse,
+        "response": ResponsesResponse,
+        # vLLM's alias leaves out the text events its streaming_events.py sends: openai's
+        "response.event": StreamingResponsesResponse
+        | ResponseTextDeltaEvent
+        | ResponseTextDoneEvent,
     }
+    adapters = {kind: TypeAdapter(cls) for kind, cls in classes.items()}
     out: list[list[Any]] = []
     for kind, body in json.load(sys.stdin):
         try:
-            parsed = classes[kind].model_validate(body)
+            parsed = adapters[kind].validate_python(body)
         except ValidationError as exc:
             out.append([None, str(exc)])
             continue
-        out.append([getattr(parsed, "kv_transfer_params", None), None])
+        holder = getattr(parsed, "response", parsed)  # a response event's response
+        out.append([getattr(holder, "kv_transfer_params", None), None])
     json.dump(out, sys.stdout)
     return 0
 

@@ -454,7 +454,7 @@ class EngineApp:
         if text is None:
             return  # the client went away
         build = completion_body if gen.kind == "completion" else chat_body
-        use = usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
+        use = _usage(gen, stream)
         model = self.limits.served_model_name
         body = build(rid, epoch_s(), model, echo + text, _finish(stream), stream.stop_reason, use)
         body["kv_transfer_params"] = self._kv_answer(gen, rid, stream)
@@ -494,7 +494,7 @@ class EngineApp:
                 role = None
             if finish is not None:
                 if gen.include_usage:
-                    use = usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
+                    use = _usage(gen, stream)
                     out.append(frame.usage(use))
                 out.append(DONE)
                 await send({"type": "http.response.body", "body": b"".join(out)})
@@ -509,7 +509,7 @@ class EngineApp:
             text = await _whole_text(stream)
             if text is None:
                 return  # the client went away
-            use = anthropic_usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
+            use = _anthropic_usage(gen, stream, stream.num_generated)
             body = message_body(rid, model, text, _finish(stream), stream.stop_reason, use)
             kv = self._kv_answer(gen, rid, stream)
             if kv is not None:  # vLLM leaves out a message's null fields
@@ -526,12 +526,10 @@ class EngineApp:
                 return  # the client went away
             out = [frames.text(t) for t in taken if t]
             if (out or finished) and not frames.started:  # with the first output, as vLLM
-                use = anthropic_usage(stream.prompt_tokens, 0, _cached(gen, stream))
+                use = _anthropic_usage(gen, stream, 0)
                 out.insert(0, frames.start(use))
             if finished:
-                use = anthropic_usage(
-                    stream.prompt_tokens, stream.num_generated, _cached(gen, stream)
-                )
+                use = _anthropic_usage(gen, stream, stream.num_generated)
                 out.append(frames.end(_finish(stream), stream.stop_reason, use))
                 await send({"type": "http.response.body", "body": b"".join(out)})
                 return
@@ -553,7 +551,9 @@ class EngineApp:
         events: ResponseEvents | None = None
         if gen.stream:
             events = ResponseEvents(item_id)
-            opening = response_body(rid, created, model, request, [], "in_progress", None)
+            opening = response_body(
+                rid, created, model, request, [], "in_progress", None, stream.max_tokens
+            )
             await send({"type": "http.response.start", "status": 200, "headers": SSE})
             await send_chunk(send, events.start(opening))  # at once, as vLLM: before any work
             while True:
@@ -575,8 +575,10 @@ class EngineApp:
             text = whole
         status = item_status(_finish(stream))
         output = [message_item(item_id, text, status)] if text else []
-        use = responses_usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream))
-        final = response_body(rid, created, model, request, output, status, use)
+        use = responses_usage(
+            stream.prompt_tokens, stream.num_generated, _cached(gen, stream), stream.written_tokens
+        )
+        final = response_body(rid, created, model, request, output, status, use, stream.max_tokens)
         final["kv_transfer_params"] = self._kv_answer(gen, rid, stream)
         dumped = orjson.dumps(final)
         if self._store is not None and request.get("store", True) is not False:
@@ -690,6 +692,18 @@ async def _whole_text(stream: RequestStream) -> str | None:
 def _cached(gen: Generation, stream: RequestStream) -> int:
     """``usage``'s cached tokens: the engine's, or a remote prefill's own (``kv_transfer``)."""
     return reported_cached_tokens(gen.kv_transfer, stream.cached_tokens)
+
+
+def _usage(gen: Generation, stream: RequestStream) -> dict[str, Any]:
+    """A completion's or chat's ``usage`` (only a chat's counts the cache writes, as vLLM)."""
+    written = stream.written_tokens if gen.kind == "chat" else None
+    return usage(stream.prompt_tokens, stream.num_generated, _cached(gen, stream), written)
+
+
+def _anthropic_usage(gen: Generation, stream: RequestStream, output: int) -> dict[str, Any]:
+    return anthropic_usage(
+        stream.prompt_tokens, output, _cached(gen, stream), stream.written_tokens
+    )
 
 
 def _finish(stream: RequestStream) -> str:

@@ -160,7 +160,9 @@ class EmulatedEngine:
             block_tokens=self.block_tokens,
         )
         self.driver.add(request, hashes, now, priority=priority, remote_tokens=remote_tokens)
-        stream = RequestStream(request_id, len(token_ids), max_tokens, self.metrics)
+        stream = RequestStream(
+            request_id, len(token_ids), max_tokens, self.metrics, self.block_tokens
+        )
         self._streams[request_id] = stream
         if self.blocks is not None:
             self._hashes[request_id] = hashes

@@ -11,11 +11,16 @@ from typing import Any
 import orjson
 
 
-def anthropic_usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
+def anthropic_usage(
+    prompt_tokens: int, output_tokens: int, cached_tokens: int, written_tokens: int
+) -> dict[str, Any]:
+    """vLLM 0.33's: the input tokens exclude those read from the cache and those written to
+    it (``cache_creation_input_tokens``), as Anthropic counts them."""
     return {
-        "input_tokens": max(prompt_tokens - cached_tokens, 0),
+        "input_tokens": max(prompt_tokens - cached_tokens - written_tokens, 0),
         "output_tokens": output_tokens,
         "cache_read_input_tokens": cached_tokens,
+        "cache_creation_input_tokens": written_tokens,
     }
 
 

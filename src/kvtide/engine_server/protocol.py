@@ -400,13 +400,20 @@ def parse_detokenize(body: object) -> tuple[str | None, tuple[int, ...]]:
 # --- responses ------------------------------------------------------------------------------
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """vLLM's ``UsageInfo`` with ``prompt_tokens_details`` (``--enable-prompt-tokens-details``)."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, written_tokens: int | None
+) -> dict[str, Any]:
+    """vLLM's ``UsageInfo`` with ``prompt_tokens_details`` (``--enable-prompt-tokens-details``):
+    a chat's also counts the prompt tokens written to the prefix cache (vLLM 0.33's
+    ``created_cache_tokens``), a completion's does not (``written_tokens`` None)."""
+    details: dict[str, Any] = {"cached_tokens": cached_tokens}
+    if written_tokens is not None:
+        details["created_cache_tokens"] = written_tokens
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 

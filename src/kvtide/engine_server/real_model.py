@@ -133,7 +133,7 @@ class RealModelEngine:
         have = self.runner.cache.capacity_blocks
         if need > have:
             raise CapacityError(f"request needs {need} KV blocks; the engine has {have}")
-        stream = RequestStream(request_id, len(token_ids), max_tokens, self.metrics)
+        stream = RequestStream(request_id, len(token_ids), max_tokens, self.metrics, bt)
         self._streams[request_id] = stream
         self._queue.append(_Job(request_id, token_ids, max_tokens, cache_salt, stream))
         self._ready.set()

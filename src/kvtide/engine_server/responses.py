@@ -22,15 +22,34 @@ STORE_CAPACITY = 10_000
 """Answers kept (vLLM keeps every one until it restarts: its own FIXME says so)."""
 
 
-def responses_usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """vLLM's: the input tokens include the cached ones."""
+def responses_usage(
+    prompt_tokens: int, output_tokens: int, cached_tokens: int, written_tokens: int
+) -> dict[str, Any]:
+    """vLLM 0.33's ``ResponseUsage``: the input tokens include the cached ones; the per-turn
+    lists are empty for a plain (not tool-looping) request, as vLLM's ``SimpleContext``
+    leaves them."""
     return {
         "input_tokens": prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens},
+        "input_tokens_details": {
+            "cached_tokens": cached_tokens,
+            "cache_write_tokens": written_tokens,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
+        },
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            "tool_output_tokens": 0,
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
+        },
         "total_tokens": prompt_tokens + output_tokens,
     }
+
+
+def _given(request: dict[str, Any], key: str, default: Any) -> Any:
+    value = request.get(key)
+    return default if value is None else value
 
 
 def response_body(
@@ -41,9 +60,13 @@ def response_body(
     output: list[dict[str, Any]],
     status: str,
     use: dict[str, Any] | None,
+    max_tokens: int,
 ) -> dict[str, Any]:
-    """A response object: its id first (a gateway reads the first ``id`` as the answer's),
-    the request's settings echoed as vLLM echoes them."""
+    """A response object as vLLM's ``ResponsesResponse.from_request`` fills it: its id first
+    (a gateway reads the first ``id`` as the answer's), the request's settings echoed, and
+    where vLLM echoes the sampling parameters it ran with, those: the defaults where the
+    request left them out, and ``max_output_tokens`` as the limit the request ran under
+    (``max_tokens``: what the context left, where that is less than asked)."""
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
         "id": rid,
@@ -54,21 +77,29 @@ def response_body(
         "model": model,
         "object": "response",
         "output": output,
-        "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "temperature": request.get("temperature"),
-        "tool_choice": request.get("tool_choice", "auto"),
+        "parallel_tool_calls": _given(request, "parallel_tool_calls", True),
+        "temperature": _given(request, "temperature", 1.0),
+        "tool_choice": _given(request, "tool_choice", "auto"),
         "tools": request.get("tools") or [],
-        "top_p": request.get("top_p"),
-        "background": False,
-        "max_output_tokens": request.get("max_output_tokens"),
+        "top_p": _given(request, "top_p", 1.0),
+        "background": _given(request, "background", False),
+        "max_output_tokens": max_tokens,
+        "max_tool_calls": request.get("max_tool_calls"),
         "previous_response_id": request.get("previous_response_id"),
+        "prompt": request.get("prompt"),
+        "prompt_cache_key": request.get("prompt_cache_key"),
+        "prompt_cache_retention": request.get("prompt_cache_retention"),
         "reasoning": request.get("reasoning"),
-        "service_tier": "auto",
+        "safety_identifier": request.get("safety_identifier"),
+        "service_tier": _given(request, "service_tier", "auto"),
         "status": status,
         "text": request.get("text"),
-        "truncation": request.get("truncation", "disabled"),
+        "top_logprobs": None,  # the engine gives no logprobs
+        "truncation": _given(request, "truncation", "disabled"),
         "usage": use,
         "user": request.get("user"),
+        "presence_penalty": _given(request, "presence_penalty", 0.0),
+        "frequency_penalty": _given(request, "frequency_penalty", 0.0),
     }
 
 

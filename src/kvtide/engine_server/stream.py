@@ -66,14 +66,24 @@ class StopMatcher:
         return out
 
 
+def cache_writes(prompt_tokens: int, cached_tokens: int, block_tokens: int) -> int:
+    """The prompt tokens a prefill wrote to the prefix cache, as vLLM 0.33 counts them
+    (``PrefillStats.finalize``): the prompt's tokens in whole blocks, now cached, less those
+    it found there. Its usage reports them as ``created_cache_tokens`` (chat),
+    ``cache_write_tokens`` (Responses) and ``cache_creation_input_tokens`` (Messages)."""
+    return max(0, prompt_tokens // block_tokens * block_tokens - cached_tokens)
+
+
 class RequestStream:
     """Pushed by one engine task, taken by one handler (both on the event loop's thread).
 
     ``cached_tokens`` is set with the first token, as the engine counted it (vLLM's
-    ``usage`` reports it unless a remote prefill names its own); ``finish_reason`` ("length",
-    "stop", "abort") once the engine is done with the request; ``stop_reason`` the stop string
-    that ended it, if one did; ``is_length_capped`` whether the engine ended it at its output
-    limit (vLLM's FINISHED_LENGTH_CAPPED), even where a stop string matched that last token.
+    ``usage`` reports it unless a remote prefill names its own), and ``written_tokens``, the
+    prompt tokens that prefill added to the prefix cache (``cache_writes``); ``finish_reason``
+    ("length", "stop", "abort") once the engine is done with the request; ``stop_reason`` the
+    stop string that ended it, if one did; ``is_length_capped`` whether the engine ended it at
+    its output limit (vLLM's FINISHED_LENGTH_CAPPED), even where a stop string matched that
+    last token.
     """
 
     __slots__ = (
@@ -81,6 +91,7 @@ class RequestStream:
         "_stop",
         "_waiter",
         "arrival_wall_s",
+        "block_tokens",
         "cached_tokens",
         "finish_reason",
         "is_length_capped",
@@ -91,18 +102,26 @@ class RequestStream:
         "prompt_tokens",
         "request_id",
         "stop_reason",
+        "written_tokens",
     )
 
     def __init__(
-        self, request_id: str, prompt_tokens: int, max_tokens: int, metrics: EngineMetrics
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        metrics: EngineMetrics,
+        block_tokens: int,
     ) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
+        self.block_tokens = block_tokens
         self._metrics = metrics
         self.arrival_wall_s = _WALL.now()
         self.last_token_wall_s: float | None = None
         self.cached_tokens = 0
+        self.written_tokens = 0
         self.num_generated = 0
         self.finish_reason: str | None = None
         self.stop_reason: str | None = None
@@ -126,6 +145,7 @@ class RequestStream:
         """The prefill is done: the prompt counts as processed from now on
         (``loaded_tokens``: those of ``cached_tokens`` a remote prefill's KV brought)."""
         self.cached_tokens = cached_tokens
+        self.written_tokens = cache_writes(self.prompt_tokens, cached_tokens, self.block_tokens)
         self._metrics.prefilled(self.prompt_tokens, cached_tokens, loaded_tokens)
 
     def push(self, text: str) -> None:

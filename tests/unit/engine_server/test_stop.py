@@ -58,7 +58,7 @@ def test_a_stream_hands_over_only_final_text_and_stops_at_the_completing_token(
     """Every prefix of what the stream hands over is a prefix of the final text (a stop
     string's start is held back until the request ends), and the tokens after the one
     completing a stop string count nowhere."""
-    stream = RequestStream("r", 1, len(tokens) + 1, EngineMetrics("m"))
+    stream = RequestStream("r", 1, len(tokens) + 1, EngineMetrics("m"), 16)
     stream.stop_at(tuple(stops), include)
     sent: list[str] = []
     for t in tokens:
