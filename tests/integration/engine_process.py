@@ -69,7 +69,9 @@ class Engine:
 def start_engine(*args: str, timeout_s: float = 60.0) -> Engine:
     """Runs ``kvtide engine ARGS`` and waits for its banner (which names the event sockets)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    # its own NIXL side channel (bound with --kv-transfer-config; vLLM's default port is one
+    # per host), unless the test names one
+    env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), **os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvtide", "engine", "--port", str(port), *args],
         stdout=subprocess.DEVNULL,

@@ -38,6 +38,10 @@ NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 PROMPT_TOKENS = 2005  # 125 full blocks and 5 tokens
 
 
+SIDE_HOST = "127.0.0.7"  # a loopback address of its own: the side channel binds it
+SIDE_PORT = free_port()
+
+
 def _prompt(base: int) -> list[int]:
     return [base + i % 5000 for i in range(PROMPT_TOKENS)]
 
@@ -51,8 +55,8 @@ def pair() -> Iterator[tuple[Engine, Engine]]:
     """A prefill engine with a fixed engine id and vLLM's side-channel variables set, and a
     decode engine with KV events."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "10.0.0.7")
-        env.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "5601")
+        env.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", SIDE_HOST)
+        env.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(SIDE_PORT))
         prefill = start_engine(
             *_engine("--kv-transfer-config", json.dumps({**NIXL, "engine_id": "prefill-0"}))
         )
@@ -135,8 +139,8 @@ def test_the_toy_proxy_flow_loads_the_prompt_kv_and_pays_its_nic_time(
             "remote_block_ids": [list(range(126))],  # every block of the computed prompt
             "remote_engine_id": "prefill-0",
             "remote_request_id": first.id,
-            "remote_host": "10.0.0.7",
-            "remote_port": 5601,
+            "remote_host": SIDE_HOST,
+            "remote_port": SIDE_PORT,
             "tp_size": 1,
             "dcp_size": 1,
             "pp_size": 1,

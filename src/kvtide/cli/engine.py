@@ -141,8 +141,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="as vLLM's, e.g. '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}': "
         "a request's kv_transfer_params make a prefill answer where its KV lies "
         "(do_remote_decode) or a decode load the prompt's KV over the NIC from such an engine "
-        "(do_remote_prefill); engine_id defaults to a fresh uuid4, the answers' remote_host "
-        "and remote_port to $VLLM_NIXL_SIDE_CHANNEL_HOST (localhost) and _PORT (5600)",
+        "(do_remote_prefill); a prefill's blocks are held until the decode engine has read "
+        "them or kv_connector_extra_config.kv_lease_duration (30 s) ends; engine_id defaults "
+        "to a fresh uuid4; the side channel (bound; named in the answers' remote_host and "
+        "remote_port) is $VLLM_NIXL_SIDE_CHANNEL_HOST (localhost) and _PORT (5600): one port "
+        "per engine on a host",
     )  # fmt: skip
     p.set_defaults(func=run)
 

@@ -107,9 +107,17 @@ class ChildProcess:
     """One child process; its stderr drained into the last ``log_lines`` lines (so it never
     blocks on a full pipe) and scanned for ``banner``."""
 
-    def __init__(self, args: Sequence[str], name: str, log_lines: int = 200) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        name: str,
+        log_lines: int = 200,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``env``: added to the child's environment (kept across restarts)."""
         self.args = list(args)
         self.name = name
+        self.env = env or {}
         self.log: collections.deque[str] = collections.deque(maxlen=log_lines)
         self._banner = threading.Event()
         self._banner_text: str | None = None
@@ -126,7 +134,7 @@ class ChildProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=_child_env(),
+            env={**_child_env(), **self.env},
             start_new_session=True,
             preexec_fn=_die_with_parent if guard else None,
         )
@@ -252,7 +260,10 @@ def start_engine(
     args = [sys.executable, "-m", "kvtide", "engine", "--host", LOOPBACK, "--port", str(port),
             "--served-model-name", model, "--kv-events-port", str(events),
             "--kv-events-replay-port", str(replay), *engine_args]  # fmt: skip
-    child = group.add(ChildProcess(args, f"{name} :{port}"))
+    # its own NIXL side channel (bound with --kv-transfer-config; vLLM's default is one port
+    # per host)
+    side = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+    child = group.add(ChildProcess(args, f"{name} :{port}", env=side))
     return Engine(child, port, events, replay, model)
 
 

@@ -100,13 +100,15 @@ class EngineDriver:
         first_token_s: float | None = None,
         priority: int = 0,
         remote_tokens: int = 0,
+        hold_kv: bool = False,
     ) -> None:
         """Queues ``request`` (its full prompt blocks hash to ``hashes``) arriving at ``now``.
         ``arrival_s`` overrides the arrival recorded (a request re-routed after a failure);
         ``first_token_s``: prefilled elsewhere; ``priority``: its place among the waiting
         under the ``"priority"`` policy; ``remote_tokens``: prompt tokens whose KV another
-        engine holds, to be loaded (see ``Scheduler.add``). Raises ``CapacityError`` if it
-        can never fit."""
+        engine holds, to be loaded; ``hold_kv``: its blocks kept past its end until
+        ``release_held`` (see ``Scheduler.add``). Raises ``CapacityError`` if it can never
+        fit."""
         self._plan()  # the iteration before the arrival is planned without it
         self.scheduler.add(
             request,
@@ -115,6 +117,7 @@ class EngineDriver:
             first_token_s=first_token_s,
             priority=priority,
             remote_tokens=remote_tokens,
+            hold_kv=hold_kv,
         )
         self._added_s = now
         self._notice(now)
@@ -134,6 +137,15 @@ class EngineDriver:
         if seq is None:
             return False
         self._outbox.append(StepOutput(request_id, seq.num_generated, now, finish_reason="abort"))
+        self._notice(now)
+        return True
+
+    def release_held(self, request_id: str, now: float) -> bool:
+        """Frees a finished ``hold_kv`` request's blocks at ``now`` (the next plan may admit
+        what waited for them); ``False`` if none is held by that id."""
+        self._plan()
+        if not self.scheduler.release_held(request_id):
+            return False
         self._notice(now)
         return True
 

@@ -105,6 +105,7 @@ class Sequence:
         "handle",
         "hashes",
         "hit_tokens",
+        "hold_kv",
         "host_hit_tokens",
         "is_prefilled",
         "kv_capacity_tokens",
@@ -152,6 +153,7 @@ class Sequence:
         self.disk_hit_tokens = 0
         self.onboard_s = 0.0  # transfer time charged to the first chunk's iteration
         self.remote_tokens = 0  # prompt tokens whose KV another engine holds, until loaded
+        self.hold_kv = False  # keep its blocks past its end, for another engine to read
         self.load_s = 0.0  # the remote load's NIC time, from admission until parked
         self.ready_s = 0.0  # when a parked request's remote KV has arrived
         self.prefill_tokens = 0
@@ -253,6 +255,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.loading: deque[Sequence] = deque()
         """Admitted requests waiting for their remote KV, holding their blocks, by ``ready_s``."""
+        self.held: dict[str, Sequence] = {}
+        """Finished requests whose blocks stay theirs until ``release_held`` (``add(...,
+        hold_kv=True)``: a prefill whose KV a decode engine will read)."""
         self._nic_free_s = 0.0  # when the NIC has finished the remote loads given to it
         self._by_priority = config.scheduling_policy == "priority"
         self._arrivals = 0
@@ -271,6 +276,7 @@ class Scheduler:
         first_token_s: float | None = None,
         priority: int = 0,
         remote_tokens: int = 0,
+        hold_kv: bool = False,
     ) -> None:
         """Queues ``request`` whose full prompt blocks hash to ``hashes``. With
         ``first_token_s`` the request was prefilled elsewhere (a decode instance after
@@ -278,7 +284,10 @@ class Scheduler:
         ``priority`` orders it among the waiting under the ``"priority"`` policy.
         ``remote_tokens``: the prompt's first tokens whose KV another engine computed (vLLM's
         ``do_remote_prefill``); what the local prefix lacks of them is loaded at admission
-        (see ``_load_remote``), then the rest of the prompt is computed here."""
+        (see ``_load_remote``), then the rest of the prompt is computed here. ``hold_kv``: when
+        it finishes its blocks stay referenced, neither free nor evictable, until
+        ``release_held`` (vLLM's ``delay_free_blocks`` for a ``do_remote_decode`` request,
+        whose KV the decode engine reads after the prefill's answer)."""
         if not 0 <= remote_tokens <= request.prompt_tokens:
             raise UsageError(
                 f"remote_tokens must lie in [0, {request.prompt_tokens}], got {remote_tokens}"
@@ -298,6 +307,7 @@ class Scheduler:
             seq.generate(1)
         seq.priority = priority
         seq.remote_tokens = remote_tokens
+        seq.hold_kv = hold_kv
         seq.order = self._arrivals
         self._arrivals += 1
         if self._by_priority:
@@ -771,8 +781,11 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, end_s: float) -> RequestRecord:
         self.running.remove(seq)
-        self._release(seq)
         req = seq.request
+        if seq.hold_kv:
+            self.held[req.request_id] = seq
+        else:
+            self._release(seq)
         first = seq.first_token_s if seq.first_token_s is not None else end_s
         return RequestRecord(
             request_id=req.request_id,
@@ -818,8 +831,25 @@ class Scheduler:
         self.stats.num_aborted += 1
         return seq
 
+    def release_held(self, request_id: str) -> bool:
+        """Lets a finished ``hold_kv`` request's blocks go: its prompt's stay cached (and
+        evictable), the rest return to the pool. ``False`` if none is held by that id."""
+        seq = self.held.pop(request_id, None)
+        if seq is None:
+            return False
+        self._release(seq)
+        return True
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks the held requests keep from use."""
+        return sum(s.tree_blocks + len(s.private) for s in self.held.values())
+
     def drain(self) -> list[Sequence]:
-        """Drops every request (a crash): releases their KV and returns them, oldest first."""
+        """Drops every request (a crash): releases their KV, held blocks' too, and returns
+        the unfinished ones, oldest first."""
+        for request_id in list(self.held):
+            self.release_held(request_id)
         self._planned = None
         held = [*self.running, *self.loading]
         seqs = sorted(held, key=lambda s: s.arrival_s) + list(self.waiting)

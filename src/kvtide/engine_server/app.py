@@ -71,6 +71,7 @@ from kvtide.engine_server.responses import (
     response_body,
     responses_usage,
 )
+from kvtide.engine_server.side_channel import SideChannel
 from kvtide.engine_server.stream import RequestStream
 from kvtide.errors import CapacityError, ConfigError
 from kvtide.text import Tokenizer, anthropic_request
@@ -105,6 +106,7 @@ class Backend(Protocol):
         cache_salt: str | None,
         priority: int = 0,
         remote_tokens: int = 0,
+        hold_kv: bool = False,
     ) -> RequestStream: ...
 
     def abort(self, request_id: str) -> None: ...
@@ -147,12 +149,15 @@ class EngineApp:
         metrics: EngineMetrics,
         limits: ApiLimits,
         connector: NixlConnector | None = None,
+        side_channel: SideChannel | None = None,
     ) -> None:
         """``connector``: vLLM's NixlConnector (``--kv-transfer-config``), which takes a
         request's ``kv_transfer_params``; without it they are read and ignored, as vLLM
-        ignores them without a connector."""
+        ignores them without a connector. ``side_channel``: its messages to and from the
+        other engines (a prefill's blocks held until its decode engine has read them)."""
         self.backend = backend
         self.connector = connector
+        self.side_channel = side_channel
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.limits = limits
@@ -236,12 +241,17 @@ class EngineApp:
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.backend.run(), name="kvtide-engine")
+                channel = None
+                if self.side_channel is not None:
+                    channel = tasks.create_task(self.side_channel.run(), name="kvtide-side-channel")
                 await send({"type": "lifespan.startup.complete"})
                 self.started.set()
                 while (await receive())["type"] != "lifespan.shutdown":
                     pass
                 await self.drain()
                 self.backend.close()
+                if channel is not None:
+                    channel.cancel()
         except Exception as exc:
             log.exception("engine task failed")
             if not self.started.is_set():
@@ -418,16 +428,21 @@ class EngineApp:
             )
         prefix = _ID_PREFIXES[gen.kind]
         rid = f"{prefix}{self._id_prefix}{next(self._ids)}"
-        connector = self.connector
-        remote = 0 if connector is None else connector.remote_tokens(gen.kv_transfer, len(ids))
+        connector, params = self.connector, gen.kv_transfer
+        remote = 0 if connector is None else connector.remote_tokens(params, len(ids))
+        # a prefill for a remote decode keeps its blocks for the decode engine to read
+        hold = connector is not None and params is not None and params.do_remote_decode
         try:
-            stream = backend.submit(
-                rid, ids, max_tokens, gen.cache_salt, gen.priority, remote_tokens=remote
-            )
+            stream = backend.submit(rid, ids, max_tokens, gen.cache_salt, gen.priority,
+                                    remote_tokens=remote, hold_kv=hold)  # fmt: skip
         except CapacityError as exc:
             raise bad_request(str(exc), "prompt") from exc
         # before the first await: no token can have been pushed yet
         stream.stop_at(gen.stop, gen.include_stop_str)
+        read = None
+        if remote and self.side_channel is not None and params is not None and params.remote:
+            # the prefill engine holds this KV until told it is read (or the request ends)
+            read = stream.on_first_token = self.side_channel.reading(params.remote)
         echo = self._echo(gen, ids)
         watcher = asyncio.ensure_future(_watch_disconnect(receive, backend, rid))
         try:
@@ -446,6 +461,8 @@ class EngineApp:
                 # a stop string finished the stream, not the backend (the emulated engine
                 # has let it go already; the real model is still generating)
                 backend.abort(rid)
+            if read is not None:
+                read()  # ended before its KV arrived: the prefill engine may free it all the same
 
     async def _unary(
         self, gen: Generation, rid: str, stream: RequestStream, send: Send, echo: str

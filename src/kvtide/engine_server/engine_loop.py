@@ -106,6 +106,12 @@ class EmulatedEngine:
         self._streams: dict[str, RequestStream] = {}
         self._hashes: dict[str, BlockHashes] = {}
         self._seeds: dict[str | None, int] = {}
+        self.kv_lease_s = 30.0
+        """How long (model seconds) a finished ``hold_kv`` request's blocks wait for
+        ``release_held`` before ``expire_held`` lets them go (vLLM's ``kv_lease_duration``)."""
+        self.held_until: dict[str, float] = {}
+        """Finished ``hold_kv`` requests, by when their lease ends."""
+        self._holding: set[str] = set()
         self._kick: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -144,11 +150,13 @@ class EmulatedEngine:
         cache_salt: str | None,
         priority: int = 0,
         remote_tokens: int = 0,
+        hold_kv: bool = False,
     ) -> RequestStream:
         """Queues a request now (``priority``: its place among the waiting under the
         ``priority`` scheduling policy; ``remote_tokens``: prompt tokens whose KV a prefill
-        engine holds, loaded over this engine's NIC); raises ``CapacityError`` when it can
-        never fit the KV pool."""
+        engine holds, loaded over this engine's NIC; ``hold_kv``: a prefill whose blocks a
+        decode engine will read, kept when it ends at its length until ``release_held`` or
+        its lease's end); raises ``CapacityError`` when it can never fit the KV pool."""
         now = self.clock.now()  # the arrival, before the engine's own work on the request
         self._catch_up(now)
         hashes = self.hashes_for(token_ids, cache_salt)
@@ -159,7 +167,11 @@ class EmulatedEngine:
             output_tokens=max_tokens,
             block_tokens=self.block_tokens,
         )
-        self.driver.add(request, hashes, now, priority=priority, remote_tokens=remote_tokens)
+        self.driver.add(
+            request, hashes, now, priority=priority, remote_tokens=remote_tokens, hold_kv=hold_kv
+        )
+        if hold_kv:
+            self._holding.add(request_id)
         stream = RequestStream(
             request_id, len(token_ids), max_tokens, self.metrics, self.block_tokens
         )
@@ -176,6 +188,30 @@ class EmulatedEngine:
         self._catch_up(now)
         if self.driver.abort(request_id, now):
             self._wake()
+
+    def release_held(self, request_id: str) -> bool:
+        """The decode engine has read a held request's KV: its blocks go (its prompt's stay
+        cached, evictable). ``False`` if it holds none by that id (its lease ran out)."""
+        now = self.clock.now()
+        self._catch_up(now)
+        self.held_until.pop(request_id, None)
+        if not self.driver.release_held(request_id, now):
+            return False
+        self._wake()  # what waited for those blocks may start
+        return True
+
+    def renew_held(self, request_id: str, until_s: float) -> None:
+        """A heartbeat: a held request's lease runs until ``until_s`` at least."""
+        if request_id in self.held_until:
+            self.held_until[request_id] = max(self.held_until[request_id], until_s)
+
+    def expire_held(self) -> list[str]:
+        """Lets go the held requests whose lease has ended; returns their ids."""
+        now = self.clock.now()
+        due = [rid for rid, until in self.held_until.items() if until <= now]
+        for rid in due:
+            self.release_held(rid)
+        return due
 
     def _wake(self) -> None:
         kick = self._kick
@@ -235,7 +271,12 @@ class EmulatedEngine:
 
     def _end(self, stream: RequestStream, reason: str) -> None:
         stream.finish(reason)
-        del self._streams[stream.request_id]
+        rid = stream.request_id
+        del self._streams[rid]
+        if rid in self._holding:
+            self._holding.discard(rid)
+            if rid in self.scheduler.held:  # it ended at its length: its lease starts
+                self.held_until[rid] = self.clock.now() + self.kv_lease_s
         hashes = self._hashes.pop(stream.request_id, None)
         if hashes is not None and self.blocks is not None:
             self.blocks.release(hashes)

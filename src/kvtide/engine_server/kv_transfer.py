@@ -54,14 +54,17 @@ class KvTransferConfig:
     kv_role: str = "kv_both"
     side_channel_host: str = "localhost"
     side_channel_port: int = 5600
+    kv_lease_s: float = 30.0
+    """``kv_connector_extra_config.kv_lease_duration``: how long a finished prefill's blocks
+    wait for the decode engine's read, on the engine's (model) clock (``side_channel``)."""
 
 
 def parse_kv_transfer_config(
     text: str, side_channel_host: str = "localhost", side_channel_port: int = 5600
 ) -> KvTransferConfig:
     """``--kv-transfer-config``'s JSON, checked as vLLM checks it (a connector needs a role);
-    other keys (``kv_buffer_device``, ``kv_connector_extra_config``, ...) are taken and not
-    modelled."""
+    other keys (``kv_buffer_device``, the rest of ``kv_connector_extra_config``, ...) are taken
+    and not modelled."""
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
@@ -82,7 +85,27 @@ def parse_kv_transfer_config(
         engine_id = str(uuid.uuid4())
     elif not isinstance(engine_id, str) or not engine_id:
         raise ConfigError("--kv-transfer-config: engine_id must be a non-empty string")
-    return KvTransferConfig(engine_id, role, side_channel_host, side_channel_port)
+    extra = data.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ConfigError("--kv-transfer-config: kv_connector_extra_config must be an object")
+    lease = extra.get("kv_lease_duration", 30)
+    if type(lease) not in (int, float) or lease <= 0:
+        raise ConfigError(
+            "--kv-transfer-config: kv_connector_extra_config.kv_lease_duration must be a "
+            "positive number of seconds"
+        )
+    return KvTransferConfig(engine_id, role, side_channel_host, side_channel_port, float(lease))
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteKv:
+    """Where a decode request's KV lies: the prefill engine's id and side channel, and its
+    request there (whose held blocks the decode engine's read lets go)."""
+
+    engine_id: str
+    request_id: str
+    host: str
+    port: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +119,8 @@ class TransferParams:
     per group; a flat list, as older vLLMs sent it, counts too)."""
     has_remote: bool = False
     """Whether ``REMOTE_KEYS`` are all present."""
+    remote: RemoteKv | None = None
+    """Their values, where none is null."""
     remote_prefill_cached_tokens: int | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     """The prefill's prompt ids, which a chat's decode leg takes instead of rendering its
@@ -118,11 +143,14 @@ def parse_params(body: Mapping[str, Any], *, reuse_prompt: bool) -> TransferPara
     cached = v.get("remote_prefill_cached_tokens")
     if cached is not None and cached < 0:
         raise bad_request(f"'{PARAM}.remote_prefill_cached_tokens' must be >= 0", PARAM)
+    named: list[Any] = [v.get(k) for k in REMOTE_KEYS]
+    remote = RemoteKv(*named) if None not in named else None
     return TransferParams(
         do_remote_decode=bool(v.get("do_remote_decode")),
         do_remote_prefill=bool(v.get("do_remote_prefill")),
         remote_blocks=_num_blocks(v.get("remote_block_ids")),
         has_remote=all(k in v for k in REMOTE_KEYS),
+        remote=remote,
         remote_prefill_cached_tokens=cached,
         prompt_token_ids=_prompt_ids(v.get("prompt_token_ids")) if reuse_prompt else None,
     )

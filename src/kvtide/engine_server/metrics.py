@@ -77,6 +77,8 @@ class EngineMetrics:
         self.external_queries = 0
         self.external_hits = 0
         self.cached_tokens = 0
+        self.kv_expired = 0  # a prefill's held blocks let go unread (the NIXL lease ran out)
+        self.reads_after_expiry = 0  # reads of blocks no longer held
         self.by_source = dict.fromkeys(PROMPT_SOURCES, 0)
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.ttft = _Histogram(TTFT_BUCKETS)
@@ -235,6 +237,24 @@ class EngineMetrics:
         for source, n in self.by_source.items():
             by_source.add_metric([*lab, source], float(n))
         yield by_source
+        if self.kv_connector:
+            for name, doc, value in (
+                (
+                    "vllm:nixl_num_kv_expired_reqs",
+                    "Number of requests that had their KV expire. "
+                    "NOTE: This metric is tracked on the P instance.",
+                    self.kv_expired,
+                ),
+                (
+                    "vllm:nixl_num_notifications_after_expiry",
+                    "Number of completion notifications for requests that were no longer "
+                    "tracked, usually because their KV lease expired.",
+                    self.reads_after_expiry,
+                ),
+            ):
+                c = CounterMetricFamily(name, doc, labels=LABELS)
+                c.add_metric(lab, float(value))
+                yield c
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",

@@ -127,6 +127,7 @@ class RealModelEngine:
         cache_salt: str | None,
         priority: int = 0,  # one request at a time, in arrival order: nothing to reorder
         remote_tokens: int = 0,  # never set: disaggregated prefill is the emulated engine's
+        hold_kv: bool = False,  # never set, as remote_tokens
     ) -> RequestStream:
         bt = self.runner.block_tokens
         need = -(-(len(token_ids) + max_tokens) // bt)

@@ -31,6 +31,7 @@ from kvtide.engine_server.engine_loop import EmulatedEngine, filler_tokens
 from kvtide.engine_server.kv_publisher import BlockTokens, EnginePublisher, EventFormat
 from kvtide.engine_server.kv_transfer import KvTransferConfig, NixlConnector
 from kvtide.engine_server.metrics import EngineMetrics
+from kvtide.engine_server.side_channel import SideChannel
 from kvtide.errors import ConfigError
 from kvtide.state.kv_events import KvEventPublisher
 from kvtide.telemetry.online import EngineTelemetry
@@ -144,11 +145,13 @@ def build(config: ServerConfig) -> Built:
         on_record=(lambda r: None) if records is None else _record_writer(records),
         telemetry=telemetry,
     )
-    connector = None
+    connector = channel = None
     if config.kv_transfer is not None:
         connector = NixlConnector(config.kv_transfer, config.block_tokens, config.tp)
+        engine.kv_lease_s = config.kv_transfer.kv_lease_s
+        channel = SideChannel(config.kv_transfer, engine, clock, metrics)
     limits = _limits(config, config.max_model_len)
-    app = EngineApp(engine, tokenizer, metrics, limits, connector)
+    app = EngineApp(engine, tokenizer, metrics, limits, connector, channel)
     return Built(app, engine, publisher, scheduler, records)
 
 

@@ -5,6 +5,7 @@ token (so that the token completing one is the request's last)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from kvtide.clock import WallClock
 from kvtide.engine_server.metrics import EngineMetrics
@@ -98,6 +99,7 @@ class RequestStream:
         "last_token_wall_s",
         "max_tokens",
         "num_generated",
+        "on_first_token",
         "pending",
         "prompt_tokens",
         "request_id",
@@ -122,6 +124,8 @@ class RequestStream:
         self.last_token_wall_s: float | None = None
         self.cached_tokens = 0
         self.written_tokens = 0
+        self.on_first_token: Callable[[], None] | None = None
+        """Called once the prefill is done (a decode engine's read of a remote KV)."""
         self.num_generated = 0
         self.finish_reason: str | None = None
         self.stop_reason: str | None = None
@@ -147,6 +151,8 @@ class RequestStream:
         self.cached_tokens = cached_tokens
         self.written_tokens = cache_writes(self.prompt_tokens, cached_tokens, self.block_tokens)
         self._metrics.prefilled(self.prompt_tokens, cached_tokens, loaded_tokens)
+        if self.on_first_token is not None:
+            self.on_first_token()
 
     def push(self, text: str) -> None:
         """One generated token (ignored once the request is finished: a stop string ends it

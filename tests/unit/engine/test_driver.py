@@ -281,3 +281,21 @@ def test_remote_kv_arriving_mid_run_cuts_the_run_as_an_arrival_would(
     assert first.time_s == pytest.approx(0.035 + 0.002)
     times = [o.time_s for o in outputs if o.request_id == "run"]
     assert times[:4] == pytest.approx([0.015, 0.025, 0.035, 0.037])  # that step carries both
+
+
+def test_a_request_waiting_for_held_blocks_starts_when_they_are_released(
+    engine_clock: ManualClock,
+) -> None:
+    """A prefill engine's held blocks are in use: a request that needs them waits, and
+    starts at the release, not at its next arrival or timer."""
+    driver = EngineDriver(make_engine(engine_clock, capacity_blocks=4))
+    req, hashes = request("p", list(range(1, 11)), output=1)  # 3 of the 4 blocks
+    driver.add(req, hashes, 0.0, hold_kv=True)
+    run_until_idle(driver)
+    later, hashes = request("w", list(range(50, 58)), output=1, arrival_s=0.5)
+    driver.add(later, hashes, 0.5)  # 8 + 1 tokens: 3 blocks, of which 1 is free
+    assert driver.next_wake_s is None and driver.scheduler.num_waiting == 1
+    assert driver.release_held("p", 0.7)
+    outputs = run_until_idle(driver)
+    assert [(o.request_id, o.time_s) for o in outputs] == [("w", pytest.approx(0.708))]
+    assert not driver.release_held("p", 0.8)

@@ -413,3 +413,32 @@ def test_remote_tokens_are_checked_against_the_prompt_and_the_engine(
         nic_engine(engine_clock).add(req, hashes, remote_tokens=11)
     with pytest.raises(UsageError):  # no network to load over
         make_engine(engine_clock).add(req, hashes, remote_tokens=10)
+
+
+def test_a_held_prefill_keeps_every_block_until_released(engine_clock: ManualClock) -> None:
+    """vLLM's ``delay_free_blocks``: a prefill whose KV a decode engine will read keeps its
+    blocks, neither free nor evictable, past its end; released, its full prompt blocks stay
+    cached and evictable and the rest go back to the pool."""
+    engine = make_engine(engine_clock)
+    req, hashes = request("p", list(range(1, 11)), output=1)  # 10 tokens + 1: 3 blocks
+    engine.add(req, hashes, hold_kv=True)
+    (record,) = drive(engine, engine_clock)
+    assert record.request_id == "p" and not engine.has_work
+    cache = engine.cache
+    assert list(engine.held) == ["p"] and engine.held_blocks == 3
+    assert (cache.pool.num_free, cache.num_evictable_blocks) == (64 - 3, 0)
+    assert engine.release_held("p") and not engine.held and engine.held_blocks == 0
+    assert (cache.pool.num_free, cache.num_evictable_blocks) == (64 - 2, 2)
+    assert not engine.release_held("p")  # once
+    # a request not held is released at its end, as before
+    engine.add(*request("q", list(range(20, 30)), output=1, arrival_s=engine_clock.now()))
+    drive(engine, engine_clock)
+    assert not engine.held and cache.num_evictable_blocks == 4
+
+
+def test_a_crash_lets_the_held_blocks_go(engine_clock: ManualClock) -> None:
+    engine = make_engine(engine_clock)
+    engine.add(*request("p", list(range(1, 11)), output=1), hold_kv=True)
+    drive(engine, engine_clock)
+    assert engine.drain() == []  # it finished: nothing to hand back
+    assert not engine.held and engine.cache.pool.num_free == 64 - 2
