@@ -179,3 +179,24 @@ def test_a_decode_request_that_ends_before_its_read_frees_the_kv(
         # lease (the heartbeats would have held them for as long as it waited)
         assert _wait_for(lambda: _usage(prefill) == 0.0, 0.5), "freed only by the lease"
         assert _metric(prefill, "vllm:nixl_num_kv_expired_reqs_total") == 0.0
+
+
+def test_a_decode_naming_an_address_no_socket_takes_is_served_and_the_engine_goes_on() -> None:
+    """The side channel's address comes from the request: one ZMQ cannot connect to (a
+    host with a space, a port past 65535) or one nothing listens on is logged and dropped;
+    the request is answered and the engine serves the next one (it once raised in the
+    engine's task, which stopped every request)."""
+    engine = _engine()
+    try:
+        prompt = [5000 + i for i in range(100)]
+        for host, port in (("no such host!", 99_999), ("127.0.0.1", 1), ("localhost", 70_000)):
+            kv = {"do_remote_prefill": True, "remote_block_ids": [[0, 1]],
+                  "remote_engine_id": "e", "remote_request_id": "r", "remote_host": host,
+                  "remote_port": port}  # fmt: skip
+            _decode(engine, prompt, kv)
+        after = {"model": MODEL, "prompt": "still here?", "max_tokens": 2}
+        status, answer = post_json(engine.url + "/v1/completions", after)
+        assert status == 200, answer
+        assert engine.proc.poll() is None
+    finally:
+        engine.stop()

@@ -39,6 +39,8 @@ log = logging.getLogger("kvtide.engine")
 HEARTBEAT = "HB:"
 _QUEUE = 1000
 """Messages queued to one unreachable prefill engine before more are dropped."""
+_PEERS = 64
+"""Prefill engines' sockets kept open, the least recently used closed past it."""
 
 
 class HeldKv(Protocol):
@@ -106,17 +108,29 @@ class SideChannel:
         return read
 
     def _send(self, engine_id: str, host: str, port: int, message: str) -> None:
-        sock = self._peers.get((host, port))
+        """Never raises: the host and port come from a request's ``kv_transfer_params``, and
+        this runs in the engine's task (a read is reported from its first token)."""
+        key = (host, port)
+        sock = self._peers.pop(key, None)
         if sock is None:
             sock = self._dealers.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, _QUEUE)
-            sock.connect(f"tcp://{_ip(host)}:{port}")
-            self._peers[(host, port)] = sock
+            try:
+                sock.connect(f"tcp://{_ip(host)}:{port}")
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                log.warning("side channel: cannot reach %r:%r (%s); dropped %s", host, port,
+                            exc, message[:80])  # fmt: skip
+                return
+            if len(self._peers) >= _PEERS:
+                self._peers.pop(next(iter(self._peers))).close(linger=0)
+        self._peers[key] = sock  # the most recently used last
         try:
-            sock.send_multipart([engine_id.encode(), message.encode()], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("side channel to %s:%d full; dropped %s", host, port, message[:80])
+            frames = [engine_id.encode(errors="replace"), message.encode(errors="replace")]
+            sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # zmq.Again: the queue to an unreachable engine is full
+            log.warning("side channel to %r:%r: %s; dropped %s", host, port, exc, message[:80])
 
     def _heartbeats(self) -> None:
         by_engine: dict[tuple[str, str, int], list[str]] = {}
