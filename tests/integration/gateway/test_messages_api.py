@@ -105,6 +105,18 @@ def test_errors_are_anthropic_errors_with_the_matching_exception(
         assert answer["error"]["type"] == "invalid_request_error" and param in str(answer)
 
 
+def _wait_idle(url: str, timeout_s: float = 10.0) -> None:
+    """Until the gateway counts no request in flight at any replica (``/ready``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/ready", timeout=5) as resp:
+            replicas = json.load(resp)["replicas"]
+        if all(r["in_flight"] == 0 for r in replicas):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"requests still in flight after {timeout_s} s: {replicas}")
+
+
 def test_a_conversation_stays_on_the_replica_holding_it_and_its_hits_are_read(
     tmp_path: Path,
 ) -> None:
@@ -127,10 +139,15 @@ def test_a_conversation_stays_on_the_replica_holding_it_and_its_hits_are_read(
             ) as stream:
                 reply = stream.get_final_message()
             said.append({"role": "assistant", "content": reply.content[0].text})  # type: ignore[union-attr]
+            # the client has the whole answer before the gateway has booked its end: the next
+            # turn must find the holder idle, not a request still in flight there (on a loaded
+            # CI machine it once did, and went elsewhere as the router should)
+            _wait_idle(f"http://127.0.0.1:{port}")
         lines = access_log_lines(log, 4)
+        placed = [(line["replica"], line["route"]) for line in lines]
         assert {line["endpoint"] for line in lines} == {"messages"}
-        assert len({line["replica"] for line in lines}) == 1, lines
-        assert [line["route"] for line in lines][1:] == ["affinity"] * 3, lines
+        assert len({line["replica"] for line in lines}) == 1, placed
+        assert [line["route"] for line in lines][1:] == ["affinity"] * 3, placed
         # the engine's cache reads are read back, and its prompt is input + cached
         assert all(line["cached_tokens"] > 0 for line in lines[1:]), lines
         assert all(line["engine_prompt_tokens"] > line["cached_tokens"] for line in lines[1:])
