@@ -111,7 +111,6 @@ class EmulatedEngine:
         ``release_held`` before ``expire_held`` lets them go (vLLM's ``kv_lease_duration``)."""
         self.held_until: dict[str, float] = {}
         """Finished ``hold_kv`` requests, by when their lease ends."""
-        self._holding: set[str] = set()
         self._kick: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -170,8 +169,6 @@ class EmulatedEngine:
         self.driver.add(
             request, hashes, now, priority=priority, remote_tokens=remote_tokens, hold_kv=hold_kv
         )
-        if hold_kv:
-            self._holding.add(request_id)
         stream = RequestStream(
             request_id, len(token_ids), max_tokens, self.metrics, self.block_tokens
         )
@@ -273,10 +270,8 @@ class EmulatedEngine:
         stream.finish(reason)
         rid = stream.request_id
         del self._streams[rid]
-        if rid in self._holding:
-            self._holding.discard(rid)
-            if rid in self.scheduler.held:  # it ended at its length: its lease starts
-                self.held_until[rid] = self.clock.now() + self.kv_lease_s
+        if rid in self.scheduler.held:  # a hold_kv request that ended at its length
+            self.held_until[rid] = self.clock.now() + self.kv_lease_s
         hashes = self._hashes.pop(stream.request_id, None)
         if hashes is not None and self.blocks is not None:
             self.blocks.release(hashes)
